@@ -1,0 +1,336 @@
+//! Editing a tree inside a write transaction.
+//!
+//! A page is copied into the arena the first time the transaction changes it ("touch"); its page
+//! goes on the freed list, and the path from the root to it is touched too, so that parents point
+//! at arena nodes. Nodes split as soon as they outgrow a page and merge with a sibling as soon as
+//! they fall under a quarter page, so every arena node fits one page and commit only has to
+//! allocate and serialize ("spill") them bottom-up.
+
+use super::node::{Node, NodeRef, Val};
+use super::{Snap, Tree, MAX_DEPTH};
+use crate::error::Result;
+use crate::page::{self, Kind, PageId, HEADER};
+
+#[derive(Debug)]
+pub(crate) struct Editor {
+    pub arena: Vec<Node>,
+    /// Runs of the committed state that this transaction stopped using.
+    pub freed: Vec<(PageId, u64)>,
+    page_size: usize,
+    /// Bytes the left part of a split keeps (the fill percent of a page).
+    split_at: usize,
+}
+
+/// A page (or overflow run) written by a commit.
+pub(crate) struct Write {
+    pub id: PageId,
+    pub buf: Vec<u8>,
+}
+
+impl Editor {
+    pub fn new(page_size: usize, fill_percent: f64) -> Editor {
+        let fill = fill_percent.clamp(0.1, 1.0);
+        Editor {
+            arena: Vec::new(),
+            freed: Vec::new(),
+            page_size,
+            split_at: ((page_size as f64 * fill) as usize).max(HEADER + 1),
+        }
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        !self.arena.is_empty() || !self.freed.is_empty()
+    }
+
+    /// Allocates a new, empty leaf for a new tree.
+    pub fn new_leaf(&mut self) -> NodeRef {
+        self.arena.push(Node::empty_leaf());
+        NodeRef::Mem(self.arena.len() - 1)
+    }
+
+    /// The arena node for `r`, copying it from its page first if needed.
+    fn touch(&mut self, snap: &Snap, r: NodeRef) -> Result<usize> {
+        match r {
+            NodeRef::Mem(i) => Ok(i),
+            NodeRef::Page(id) => {
+                let p = snap.node(id)?;
+                let n = Node::from_page(&p).map_err(|b| snap.corrupt(b))?;
+                self.freed.push((id, 1));
+                self.arena.push(n);
+                Ok(self.arena.len() - 1)
+            }
+        }
+    }
+
+    /// Touches the path to the leaf that holds (or would hold) `key`: returns the leaf and, for
+    /// each branch above it, (branch, index of the child taken).
+    fn touch_path(
+        &mut self,
+        snap: &Snap,
+        root: &mut NodeRef,
+        key: &[u8],
+    ) -> Result<(usize, Vec<(usize, usize)>)> {
+        let mut path = Vec::with_capacity(8);
+        let mut idx = self.touch(snap, *root)?;
+        *root = NodeRef::Mem(idx);
+        while !self.arena[idx].leaf {
+            if path.len() >= MAX_DEPTH {
+                return Err(Tree {
+                    snap,
+                    arena: &self.arena,
+                    root: *root,
+                }
+                .too_deep());
+            }
+            let n = &mut self.arena[idx];
+            let pos = page::child_index(n.search(key));
+            if pos == 0 && key < n.keys[0].as_slice() {
+                // Keep a branch's first key at or below its subtree's smallest key, so that the
+                // separators a split of the first child adds stay above it.
+                n.size = n.size + key.len() - n.keys[0].len();
+                n.keys[0] = key.to_vec();
+            }
+            let child = self.touch(snap, self.arena[idx].kids[pos])?;
+            self.arena[idx].kids[pos] = NodeRef::Mem(child);
+            path.push((idx, pos));
+            idx = child;
+        }
+        Ok((idx, path))
+    }
+
+    fn free_val(&mut self, v: &Val) {
+        if let Val::Overflow { page, len } = v {
+            self.freed
+                .push((*page, page::run_pages(*len, self.page_size)));
+        }
+    }
+
+    /// Inserts or replaces `key`.
+    pub fn put(&mut self, snap: &Snap, root: &mut NodeRef, key: &[u8], val: Val) -> Result<()> {
+        let (leaf, path) = self.touch_path(snap, root, key)?;
+        let n = &mut self.arena[leaf];
+        match n.search(key) {
+            (i, true) => {
+                let old = std::mem::replace(&mut n.vals[i], val);
+                let size = n.entry_size(i);
+                n.size = n.size + size - (page::LEAF_ELEM + key.len() + old_stored(&old));
+                self.free_val(&old);
+            }
+            (i, false) => {
+                n.keys.insert(i, key.to_vec());
+                n.vals.insert(i, val);
+                n.size += n.entry_size(i);
+            }
+        }
+        self.split_up(root, path, leaf);
+        Ok(())
+    }
+
+    /// Removes `key`; false if it was not there (and then nothing is touched).
+    pub fn delete(&mut self, snap: &Snap, root: &mut NodeRef, key: &[u8]) -> Result<bool> {
+        let present = Tree {
+            snap,
+            arena: &self.arena,
+            root: *root,
+        }
+        .find(key)?
+        .2;
+        if !present {
+            return Ok(false);
+        }
+        let (leaf, path) = self.touch_path(snap, root, key)?;
+        let n = &mut self.arena[leaf];
+        let (i, found) = n.search(key);
+        debug_assert!(found, "key found by the read-only search");
+        let size = n.entry_size(i);
+        n.keys.remove(i);
+        let old = n.vals.remove(i);
+        n.size -= size;
+        self.free_val(&old);
+        self.rebalance(snap, root, path, leaf)?;
+        Ok(true)
+    }
+
+    /// Splits `idx` into pieces that each fit a page; returns the new right-hand pieces.
+    fn split(&mut self, idx: usize) -> Vec<usize> {
+        let mut pieces = Vec::new();
+        let mut cur = idx;
+        while self.arena[cur].size > self.page_size {
+            let n = &self.arena[cur];
+            // Keep at least one entry on each side; cut where the left part reaches the fill.
+            let mut size = HEADER;
+            let mut at = 1;
+            while at < n.len() - 1 {
+                let next = size + n.entry_size(at - 1);
+                if next > self.split_at {
+                    break;
+                }
+                size = next;
+                at += 1;
+            }
+            let at = at.max(1).min(n.len() - 1);
+            let right = self.arena[cur].split_off(at);
+            self.arena.push(right);
+            cur = self.arena.len() - 1;
+            pieces.push(cur);
+        }
+        pieces
+    }
+
+    /// Puts split pieces into `parent` right after child `pos`.
+    fn adopt(&mut self, parent: usize, pos: usize, pieces: &[usize]) {
+        for (k, &p) in pieces.iter().enumerate() {
+            let key = self.arena[p].keys[0].clone();
+            let n = &mut self.arena[parent];
+            n.keys.insert(pos + 1 + k, key);
+            n.kids.insert(pos + 1 + k, NodeRef::Mem(p));
+            n.size += n.entry_size(pos + 1 + k);
+        }
+    }
+
+    /// Splits `idx` and its ancestors on `path` where they overflow a page (an ancestor can
+    /// overflow on its own when its first key grew); grows a new root if the root splits.
+    fn split_up(&mut self, root: &mut NodeRef, mut path: Vec<(usize, usize)>, mut idx: usize) {
+        loop {
+            let pieces = self.split(idx);
+            match path.pop() {
+                Some((parent, pos)) => {
+                    self.adopt(parent, pos, &pieces);
+                    idx = parent;
+                }
+                None if pieces.is_empty() => return,
+                None => {
+                    let mut keys = vec![self.arena[idx].keys[0].clone()];
+                    let mut kids = vec![NodeRef::Mem(idx)];
+                    for &p in &pieces {
+                        keys.push(self.arena[p].keys[0].clone());
+                        kids.push(NodeRef::Mem(p));
+                    }
+                    self.arena.push(Node::branch(keys, kids));
+                    idx = self.arena.len() - 1;
+                    *root = NodeRef::Mem(idx);
+                }
+            }
+        }
+    }
+
+    /// After a delete: merges underfull nodes with a sibling, bottom-up, and drops a root branch
+    /// left with one child.
+    fn rebalance(
+        &mut self,
+        snap: &Snap,
+        root: &mut NodeRef,
+        mut path: Vec<(usize, usize)>,
+        mut idx: usize,
+    ) -> Result<()> {
+        let min = self.page_size / 4;
+        while let Some((parent, pos)) = path.pop() {
+            let n = &self.arena[idx];
+            let underfull = n.size < min || n.len() < if n.leaf { 1 } else { 2 };
+            if !underfull || self.arena[parent].kids.len() < 2 {
+                idx = parent;
+                continue;
+            }
+            let left_pos = pos.saturating_sub(1);
+            let l = self.touch(snap, self.arena[parent].kids[left_pos])?;
+            let r = self.touch(snap, self.arena[parent].kids[left_pos + 1])?;
+            let mut right = std::mem::replace(&mut self.arena[r], Node::empty_leaf());
+            if !right.leaf && !right.keys.is_empty() {
+                // The parent's separator bounds the right node's first subtree from below.
+                let sep = self.arena[parent].keys[left_pos + 1].clone();
+                right.size = right.size + sep.len() - right.keys[0].len();
+                right.keys[0] = sep;
+            }
+            self.arena[l].append(right);
+            let p = &mut self.arena[parent];
+            p.kids[left_pos] = NodeRef::Mem(l);
+            let removed = p.entry_size(left_pos + 1);
+            p.keys.remove(left_pos + 1);
+            p.kids.remove(left_pos + 1);
+            p.size -= removed;
+            // A merge of two nearly full nodes overflows: split it again (redistribution).
+            let pieces = self.split(l);
+            self.adopt(parent, left_pos, &pieces);
+            if self.arena[parent].size > self.page_size {
+                self.split_up(root, path, parent);
+                return Ok(());
+            }
+            idx = parent;
+        }
+        // `idx` is the root now.
+        while let NodeRef::Mem(i) = *root {
+            let n = &self.arena[i];
+            if n.leaf || n.kids.len() != 1 {
+                break;
+            }
+            *root = n.kids[0];
+        }
+        Ok(())
+    }
+
+    /// Frees every page of the tree under `r` (for a deleted bucket).
+    pub fn free_tree(&mut self, snap: &Snap, r: NodeRef, depth: usize) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(Tree {
+                snap,
+                arena: &self.arena,
+                root: r,
+            }
+            .too_deep());
+        }
+        let idx = self.touch(snap, r)?;
+        let n = std::mem::replace(&mut self.arena[idx], Node::empty_leaf());
+        for v in &n.vals {
+            self.free_val(v);
+        }
+        for &k in &n.kids {
+            self.free_tree(snap, k, depth + 1)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the arena nodes under `r` to newly allocated pages, children first; returns the
+    /// page of `r`. `alloc(n)` hands out a run of n pages.
+    pub fn spill(
+        &mut self,
+        r: NodeRef,
+        alloc: &mut dyn FnMut(u64) -> PageId,
+        out: &mut Vec<Write>,
+    ) -> PageId {
+        let idx = match r {
+            NodeRef::Page(id) => return id,
+            NodeRef::Mem(i) => i,
+        };
+        let mut n = std::mem::replace(&mut self.arena[idx], Node::empty_leaf());
+        for k in n.kids.iter_mut() {
+            *k = NodeRef::Page(self.spill(*k, alloc, out));
+        }
+        for v in n.vals.iter_mut() {
+            if let Val::Big(bytes) = v {
+                let pages = page::run_pages(bytes.len(), self.page_size);
+                let id = alloc(pages);
+                let mut buf = vec![0u8; pages as usize * self.page_size];
+                page::write_header(&mut buf, id, Kind::Overflow, 0, (pages - 1) as u32);
+                buf[HEADER..HEADER + bytes.len()].copy_from_slice(bytes);
+                page::seal(&mut buf);
+                out.push(Write { id, buf });
+                *v = Val::Overflow {
+                    page: id,
+                    len: bytes.len(),
+                };
+            }
+        }
+        let id = alloc(1);
+        let mut buf = vec![0u8; self.page_size];
+        n.write(&mut buf, id);
+        out.push(Write { id, buf });
+        id
+    }
+}
+
+fn old_stored(v: &Val) -> usize {
+    match v {
+        Val::Inline(b) => b.len(),
+        Val::Overflow { .. } | Val::Big(_) => page::OVERFLOW_REF,
+    }
+}

@@ -1,0 +1,390 @@
+//! Opening a database file, and the state shared by its transactions.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::btree::Snap;
+use crate::error::{Error, Result};
+use crate::freelist::{self, Freelist, FreelistKind};
+use crate::map::Map;
+use crate::meta::{self, Meta, META_LEN};
+use crate::page::{self, Kind, PageId, TxId, HEADER, LEAF_ELEM, OVERFLOW_REF};
+use crate::tx::{ReadTxn, WriteTxn};
+
+/// The largest value the pager stores (overflow runs count their pages in 32 bits).
+pub const MAX_VALUE_LEN: usize = 1 << 30;
+
+/// How to open a database.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Page size for a new file (default 4096). For an existing file, `None` takes the stored
+    /// size and `Some` must match it.
+    pub page_size: Option<u32>,
+    /// The free-set algorithm (not stored in the file: any kind opens any file).
+    pub freelist: FreelistKind,
+    /// How full a split leaves the left node, 0.1..=1.0 (bbolt's fill percent; default 0.5).
+    /// Append-only loads want 1.0: each page is filled before the next is started.
+    pub fill_percent: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            page_size: None,
+            freelist: FreelistKind::default(),
+            fill_percent: 0.5,
+        }
+    }
+}
+
+pub(crate) const DEFAULT_PAGE_SIZE: u32 = 4096;
+
+/// What readers start from: the newest commit (durable or not) and the map that covers it.
+#[derive(Debug)]
+pub(crate) struct Published {
+    pub meta: Meta,
+    pub map: Arc<Map>,
+    /// Open read transactions by the txid they read.
+    pub readers: BTreeMap<TxId, usize>,
+}
+
+/// The writer's state: the only one who allocates pages and writes the file.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    /// The newest commit (it may not be durable yet).
+    pub meta: Meta,
+    pub map: Arc<Map>,
+    pub file_len: u64,
+    pub freelist: Freelist,
+    /// The run holding the freelist of the newest durable meta.
+    pub freelist_run: Option<(PageId, u64)>,
+    /// Txid of the newest durable meta and the meta slot (0 or 1) holding it.
+    pub durable: TxId,
+    pub durable_slot: u64,
+    /// Txid of the meta in the other slot: open falls back to it if the newest is damaged, so
+    /// pages it can reach are not reused until a newer durable meta replaces it.
+    pub durable_prev: TxId,
+    /// Set when fdatasync failed: the kernel may have dropped dirty pages, so no further commit
+    /// may claim durability.
+    pub poisoned: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub path: Arc<Path>,
+    pub file: File,
+    pub page_size: usize,
+    pub opts: Options,
+    pub published: Mutex<Published>,
+    pub writer: Mutex<Writer>,
+}
+
+impl Shared {
+    pub fn snap(&self, meta: &Meta, map: &Arc<Map>) -> Snap {
+        Snap {
+            map: map.clone(),
+            high_water: meta.high_water,
+            page_size: self.page_size,
+            path: self.path.clone(),
+        }
+    }
+
+    pub fn io(&self, op: &'static str, e: std::io::Error) -> Error {
+        Error::io(op, &self.path, e)
+    }
+
+    pub fn write_at(&self, buf: &[u8], off: u64) -> Result<()> {
+        self.file
+            .write_all_at(buf, off)
+            .map_err(|e| self.io("write", e))
+    }
+}
+
+/// A database file: one writer at a time, any number of concurrent readers.
+///
+/// `Db` is `Send + Sync`; share it with an `Arc`. Read transactions own a handle to the file, so
+/// they may outlive the `Db` value.
+#[derive(Debug)]
+pub struct Db {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Db {
+    /// Opens the database at `path`, creating it if it does not exist or is empty.
+    pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Db> {
+        let path: Arc<Path> = Arc::from(path.as_ref());
+        if let Some(ps) = opts.page_size {
+            if !meta::valid_page_size(ps) {
+                return Err(Error::InvalidPageSize(ps));
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, e)),
+        }
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len();
+        if len == 0 {
+            init(&file, &path, opts.page_size.unwrap_or(DEFAULT_PAGE_SIZE))?;
+        }
+        let (meta, slot, prev) = read_metas(&file, &path, opts.page_size)?;
+        if let Some(ps) = opts.page_size {
+            if ps != meta.page_size {
+                return Err(Error::PageSizeMismatch {
+                    path: path.to_path_buf(),
+                    stored: meta.page_size,
+                    requested: ps,
+                });
+            }
+        }
+        let page_size = meta.page_size as usize;
+        let file_len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len();
+        let needed = meta.high_water * page_size as u64;
+        if file_len < needed {
+            return Err(Error::Truncated {
+                path: path.to_path_buf(),
+                actual: file_len,
+                needed,
+                page_size: meta.page_size,
+            });
+        }
+        let map = Arc::new(Map::new(&file, file_len, &path)?);
+        let snap = Snap {
+            map: map.clone(),
+            high_water: meta.high_water,
+            page_size,
+            path: path.clone(),
+        };
+        let (ids, freelist_run) = if meta.freelist_pages > 0 {
+            let buf = snap.run(meta.freelist, meta.freelist_pages)?;
+            let ids = freelist::decode(buf, meta.freelist, meta.high_water)
+                .map_err(|b| snap.corrupt(b))?;
+            (ids, Some((meta.freelist, meta.freelist_pages)))
+        } else {
+            (Vec::new(), None)
+        };
+        let free = Freelist::new(opts.freelist, &freelist::runs_of(&ids));
+        let writer = Writer {
+            meta,
+            map: map.clone(),
+            file_len,
+            freelist: free,
+            freelist_run,
+            durable: meta.txid,
+            durable_slot: slot,
+            durable_prev: prev.unwrap_or(meta.txid),
+            poisoned: None,
+        };
+        let published = Published {
+            meta,
+            map,
+            readers: BTreeMap::new(),
+        };
+        Ok(Db {
+            shared: Arc::new(Shared {
+                path,
+                file,
+                page_size,
+                opts,
+                published: Mutex::new(published),
+                writer: Mutex::new(writer),
+            }),
+        })
+    }
+
+    /// The database file's path.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Bytes per page.
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size
+    }
+
+    /// The longest key this database accepts: a quarter page less the leaf's bookkeeping
+    /// (998 bytes with 4096-byte pages), so that every leaf and branch holds at least four entries.
+    pub fn max_key_len(&self) -> usize {
+        max_entry(self.shared.page_size) - LEAF_ELEM - OVERFLOW_REF
+    }
+
+    /// Starts a read transaction on the newest commit. Never waits for the writer.
+    pub fn begin_read(&self) -> Result<ReadTxn> {
+        Ok(ReadTxn::new(self.shared.clone()))
+    }
+
+    /// Starts the write transaction, waiting for the current one to end.
+    pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
+        WriteTxn::new(&self.shared)
+    }
+
+    /// Makes every `commit_nosync` so far durable (no-op if there is none).
+    pub fn sync(&self) -> Result<()> {
+        self.begin_write()?.commit()
+    }
+
+    /// Syncs and closes the database.
+    pub fn close(self) -> Result<()> {
+        self.sync()
+    }
+}
+
+/// The largest leaf or branch entry: a quarter of what a page holds after its header.
+pub(crate) fn max_entry(page_size: usize) -> usize {
+    (page_size - HEADER) / 4
+}
+
+/// Writes a new database: metas for txids 0 and 1, an empty root leaf at page 2.
+fn init(file: &File, path: &Path, page_size: u32) -> Result<()> {
+    let ps = page_size as usize;
+    let mut buf = vec![0u8; 3 * ps];
+    let root = PageId(2);
+    page::write_header(&mut buf[2 * ps..], root, Kind::Leaf, 0, 0);
+    page::seal(&mut buf[2 * ps..]);
+    for slot in 0..2u64 {
+        let m = Meta {
+            page_size,
+            root,
+            freelist: PageId(0),
+            freelist_pages: 0,
+            high_water: 3,
+            txid: TxId(slot),
+        };
+        let at = slot as usize * ps;
+        buf[at..at + META_LEN].copy_from_slice(&m.encode());
+    }
+    file.write_all_at(&buf, 0)
+        .map_err(|e| Error::io("write", path, e))?;
+    file.sync_all().map_err(|e| Error::io("fsync", path, e))
+}
+
+/// Reads both metas: the newest valid one, its slot, and the other's txid if it is valid too.
+fn read_metas(
+    file: &File,
+    path: &Path,
+    requested: Option<u32>,
+) -> Result<(Meta, u64, Option<TxId>)> {
+    let read = |off: u64| -> Result<Vec<u8>> {
+        let mut b = vec![0u8; META_LEN];
+        match file.read_exact_at(&mut b, off) {
+            Ok(()) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Vec::new()),
+            Err(e) => Err(Error::io("read", path, e)),
+        }
+    };
+    let m0 = Meta::decode(&read(0)?);
+    // Meta 1 sits one page in: take the page size from meta 0, else the requested one, else try
+    // every valid size.
+    let sizes: Vec<u32> = match (&m0, requested) {
+        (Ok(m), _) => vec![m.page_size],
+        (Err(_), Some(ps)) => vec![ps],
+        (Err(_), None) => (10..=16).map(|s| 1u32 << s).collect(),
+    };
+    // Report the offset that held something like a meta (not a bad magic), else the first.
+    let mut found = None;
+    let mut why: Option<String> = None;
+    for ps in sizes {
+        let m = Meta::decode(&read(u64::from(ps))?).and_then(|m| {
+            if m.page_size == ps {
+                Ok(m)
+            } else {
+                Err(format!(
+                    "records page size {} but sits at offset {ps}",
+                    m.page_size
+                ))
+            }
+        });
+        match m {
+            Ok(m) => {
+                found = Some(m);
+                break;
+            }
+            Err(e) => {
+                let e = format!("at offset {ps}: {e}");
+                if why
+                    .as_ref()
+                    .is_none_or(|w| w.contains("bad magic") && !e.contains("bad magic"))
+                {
+                    why = Some(e);
+                }
+            }
+        }
+    }
+    let m1 = found.ok_or_else(|| why.unwrap_or_default());
+    match (m0, m1) {
+        (Ok(a), Ok(b)) if a.page_size == b.page_size => {
+            if a.txid >= b.txid {
+                Ok((a, 0, Some(b.txid)))
+            } else {
+                Ok((b, 1, Some(a.txid)))
+            }
+        }
+        (Ok(a), Ok(b)) => Err(Error::NoValidMeta {
+            path: path.to_path_buf(),
+            meta0: format!("page size {} disagrees with meta 1", a.page_size),
+            meta1: format!("page size {} disagrees with meta 0", b.page_size),
+        }),
+        (Ok(a), Err(e)) => {
+            tracing::warn!(path = %path.display(), reason = %e, "meta page 1 is invalid; opening at meta page 0");
+            Ok((a, 0, None))
+        }
+        (Err(e), Ok(b)) => {
+            tracing::warn!(path = %path.display(), reason = %e, "meta page 0 is invalid; opening at meta page 1");
+            Ok((b, 1, None))
+        }
+        (Err(meta0), Err(meta1)) => Err(Error::NoValidMeta {
+            path: path.to_path_buf(),
+            meta0,
+            meta1,
+        }),
+    }
+}
+
+/// Grows `w`'s file to hold `high_water` pages, remapping when it does.
+pub(crate) fn ensure_len(shared: &Shared, w: &mut Writer, high_water: u64) -> Result<()> {
+    let needed = high_water * shared.page_size as u64;
+    if needed <= w.file_len {
+        return Ok(());
+    }
+    // Double up to 1 GiB, then grow 1 GiB at a time (as bbolt): few remaps, bounded slack.
+    const GIB: u64 = 1 << 30;
+    let step = if w.file_len < GIB {
+        w.file_len.max(1 << 20)
+    } else {
+        GIB
+    };
+    let ps = shared.page_size as u64;
+    let new_len = needed.max(w.file_len + step).div_ceil(ps) * ps;
+    shared
+        .file
+        .set_len(new_len)
+        .map_err(|e| shared.io("grow", e))?;
+    fail::fail_point!("pager::grow", |_| Err(
+        shared.io("grow", std::io::Error::other("failpoint pager::grow"))
+    ));
+    w.map = Arc::new(Map::new(&shared.file, new_len, &shared.path)?);
+    w.file_len = new_len;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! On-disk page format: the header every page starts with, and the element tables of branch and
+//! leaf pages.
+//!
+//! Every page (and every multi-page run) starts with this 24-byte header, little-endian:
+//!
+//! | offset | size | field     | meaning                                                        |
+//! |--------|------|-----------|----------------------------------------------------------------|
+//! | 0      | 8    | id        | the page's own id: catches misdirected writes and bad pointers |
+//! | 8      | 1    | kind      | 1 branch, 2 leaf, 3 overflow (a large value), 4 freelist       |
+//! | 9      | 1    | reserved  | 0                                                              |
+//! | 10     | 2    | count     | number of elements (branch, leaf)                              |
+//! | 12     | 4    | overflow  | pages in the run after this one (overflow, freelist)           |
+//! | 16     | 4    | checksum  | CRC-32C of the whole page or run with this field zeroed        |
+//! | 20     | 4    | reserved  | 0                                                              |
+//!
+//! A branch page follows with `count` 16-byte elements, then the keys they point at:
+//!
+//! | offset | size | field | meaning                                              |
+//! |--------|------|-------|------------------------------------------------------|
+//! | 0      | 4    | pos   | offset of the key from the page start                |
+//! | 4      | 2    | klen  | key length                                           |
+//! | 6      | 2    | -     | 0                                                    |
+//! | 8      | 8    | child | page id of the subtree holding keys ≥ this key       |
+//!
+//! A leaf page follows with `count` 12-byte elements, then keys and values:
+//!
+//! | offset | size | field | meaning                                                           |
+//! |--------|------|-------|-------------------------------------------------------------------|
+//! | 0      | 4    | pos   | offset of the key from the page start; the value follows the key  |
+//! | 4      | 2    | klen  | key length                                                        |
+//! | 6      | 1    | flags | 0: value inline; 1: value in an overflow run whose 8-byte page id |
+//! |        |      |       | is stored in place of the value                                   |
+//! | 7      | 1    | -     | 0                                                                 |
+//! | 8      | 4    | vlen  | value length (the whole value, also when it overflows)            |
+//!
+//! An overflow run is a header followed by the value's bytes, over `1 + overflow` pages.
+
+use std::fmt;
+
+/// The id of a page: its offset in the file divided by the page size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PageId(pub u64);
+
+impl fmt::Display for PageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The id of a write transaction; the meta of each commit records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct TxId(pub u64);
+
+impl fmt::Display for TxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+pub(crate) const HEADER: usize = 24;
+pub(crate) const BRANCH_ELEM: usize = 16;
+pub(crate) const LEAF_ELEM: usize = 12;
+/// Bytes stored in a leaf in place of an overflowing value.
+pub(crate) const OVERFLOW_REF: usize = 8;
+const CHECKSUM_AT: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Branch = 1,
+    Leaf = 2,
+    Overflow = 3,
+    Freelist = 4,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Branch,
+            2 => Kind::Leaf,
+            3 => Kind::Overflow,
+            4 => Kind::Freelist,
+            _ => return None,
+        })
+    }
+}
+
+pub(crate) const FLAG_OVERFLOW: u8 = 1;
+
+pub(crate) fn get_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+pub(crate) fn get_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Writes a page header (checksum left zero; see [`seal`]).
+pub(crate) fn write_header(buf: &mut [u8], id: PageId, kind: Kind, count: u16, overflow: u32) {
+    buf[..HEADER].fill(0);
+    put_u64(buf, 0, id.0);
+    buf[8] = kind as u8;
+    put_u16(buf, 10, count);
+    put_u32(buf, 12, overflow);
+}
+
+/// CRC-32C of a page or run with the checksum field taken as zero.
+pub(crate) fn checksum(buf: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&buf[..CHECKSUM_AT]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    crc32c::crc32c_append(c, &buf[CHECKSUM_AT + 4..])
+}
+
+/// Stores the checksum of a fully written page or run in its header.
+pub(crate) fn seal(buf: &mut [u8]) {
+    let c = checksum(buf);
+    put_u32(buf, CHECKSUM_AT, c);
+}
+
+/// Pages needed for a run holding a header and `body` bytes.
+pub(crate) fn run_pages(body: usize, page_size: usize) -> u64 {
+    (HEADER + body).div_ceil(page_size) as u64
+}
+
+/// A checked view of one page's header. Construction validates what later accessors rely on.
+#[derive(Clone, Copy)]
+pub(crate) struct Header {
+    pub kind: Kind,
+    pub count: u16,
+    pub overflow: u32,
+}
+
+/// Why a page was rejected (the caller adds the file path).
+#[derive(Debug)]
+pub(crate) struct Bad {
+    pub page: PageId,
+    pub reason: String,
+}
+
+pub(crate) fn bad(page: PageId, reason: impl Into<String>) -> Bad {
+    Bad {
+        page,
+        reason: reason.into(),
+    }
+}
+
+/// Parses the header of `buf`, which was read at page `id`.
+pub(crate) fn header(buf: &[u8], id: PageId) -> Result<Header, Bad> {
+    if buf.len() < HEADER {
+        return Err(bad(id, "page shorter than its header"));
+    }
+    let stored = get_u64(buf, 0);
+    if stored != id.0 {
+        return Err(bad(id, format!("header names page {stored}")));
+    }
+    let kind =
+        Kind::from_u8(buf[8]).ok_or_else(|| bad(id, format!("unknown page kind {}", buf[8])))?;
+    Ok(Header {
+        kind,
+        count: get_u16(buf, 10),
+        overflow: get_u32(buf, 12),
+    })
+}
+
+/// Verifies the stored checksum of a page or run.
+pub(crate) fn verify(buf: &[u8], id: PageId) -> Result<(), Bad> {
+    let stored = get_u32(buf, CHECKSUM_AT);
+    let actual = checksum(buf);
+    if stored != actual {
+        return Err(bad(
+            id,
+            format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"),
+        ));
+    }
+    Ok(())
+}
+
+/// A value as a leaf stores it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RawVal<'a> {
+    Inline(&'a [u8]),
+    Overflow { page: PageId, len: usize },
+}
+
+/// A validated branch or leaf page. Element accessors re-check bounds, so a damaged page yields
+/// errors, never a panic.
+#[derive(Clone, Copy)]
+pub(crate) struct NodePage<'a> {
+    pub id: PageId,
+    pub buf: &'a [u8],
+    pub leaf: bool,
+    pub count: usize,
+}
+
+impl<'a> NodePage<'a> {
+    pub fn parse(buf: &'a [u8], id: PageId) -> Result<Self, Bad> {
+        let h = header(buf, id)?;
+        let leaf = match h.kind {
+            Kind::Leaf => true,
+            Kind::Branch => false,
+            k => {
+                return Err(bad(
+                    id,
+                    format!("expected a branch or leaf page, found {k:?}"),
+                ))
+            }
+        };
+        let count = h.count as usize;
+        let elem = if leaf { LEAF_ELEM } else { BRANCH_ELEM };
+        if HEADER + count * elem > buf.len() {
+            return Err(bad(id, format!("{count} elements do not fit the page")));
+        }
+        if !leaf && count == 0 {
+            return Err(bad(id, "branch page without children"));
+        }
+        Ok(NodePage {
+            id,
+            buf,
+            leaf,
+            count,
+        })
+    }
+
+    fn slice(&self, pos: usize, len: usize) -> Result<&'a [u8], Bad> {
+        pos.checked_add(len)
+            .and_then(|end| self.buf.get(pos..end))
+            .ok_or_else(|| {
+                bad(
+                    self.id,
+                    format!("element at {pos}+{len} runs past the page end"),
+                )
+            })
+    }
+
+    pub fn key(&self, i: usize) -> Result<&'a [u8], Bad> {
+        let e = HEADER + i * if self.leaf { LEAF_ELEM } else { BRANCH_ELEM };
+        let pos = get_u32(self.buf, e) as usize;
+        let klen = get_u16(self.buf, e + 4) as usize;
+        self.slice(pos, klen)
+    }
+
+    pub fn child(&self, i: usize) -> PageId {
+        PageId(get_u64(self.buf, HEADER + i * BRANCH_ELEM + 8))
+    }
+
+    pub fn value(&self, i: usize) -> Result<RawVal<'a>, Bad> {
+        let e = HEADER + i * LEAF_ELEM;
+        let pos = get_u32(self.buf, e) as usize + get_u16(self.buf, e + 4) as usize;
+        let flags = self.buf[e + 6];
+        let vlen = get_u32(self.buf, e + 8) as usize;
+        if flags & FLAG_OVERFLOW != 0 {
+            let r = self.slice(pos, OVERFLOW_REF)?;
+            Ok(RawVal::Overflow {
+                page: PageId(get_u64(r, 0)),
+                len: vlen,
+            })
+        } else {
+            Ok(RawVal::Inline(self.slice(pos, vlen)?))
+        }
+    }
+
+    /// Index of the first key ≥ `key` (leaf), or of the child to descend into (branch).
+    pub fn search(&self, key: &[u8]) -> Result<(usize, bool), Bad> {
+        let (mut lo, mut hi) = (0usize, self.count);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid)?.cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Equal => return Ok((mid, true)),
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        Ok((lo, false))
+    }
+}
+
+/// Index of the child of a branch with sorted `keys` that may hold `key`: the last key ≤ `key`,
+/// or 0 when `key` sorts before all of them.
+pub(crate) fn child_index(found: (usize, bool)) -> usize {
+    match found {
+        (i, true) => i,
+        (0, false) => 0,
+        (i, false) => i - 1,
+    }
+}
