@@ -24,7 +24,7 @@ fn filler(j: u64) -> Vec<u8> {
 }
 /// The value commit `t` writes to its filler: its txid and a size that moves pages around.
 fn filler_value(t: u64) -> Vec<u8> {
-    let len = 8 + (t * 7919 % 13) as usize * 900 + if t % 17 == 0 { 30_000 } else { 0 };
+    let len = 8 + (t * 7919 % 13) as usize * 900 + if t.is_multiple_of(17) { 30_000 } else { 0 };
     let mut v = vec![(t % 251) as u8; len];
     v[..8].copy_from_slice(&t.to_le_bytes());
     v
@@ -32,7 +32,7 @@ fn filler_value(t: u64) -> Vec<u8> {
 
 fn opts(t: u64) -> Options {
     Options {
-        freelist: if t % 2 == 0 {
+        freelist: if t.is_multiple_of(2) {
             FreelistKind::Hashmap
         } else {
             FreelistKind::Array
