@@ -225,7 +225,7 @@ impl Db {
     }
 
     /// The longest key this database accepts: a quarter page less the leaf's bookkeeping
-    /// (998 bytes with 4096-byte pages), so that every leaf and branch holds at least four entries.
+    /// (990 bytes with 4096-byte pages), so that every leaf and branch holds at least four entries.
     pub fn max_key_len(&self) -> usize {
         max_entry(self.shared.page_size) - LEAF_ELEM - OVERFLOW_REF
     }

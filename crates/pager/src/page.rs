@@ -13,25 +13,31 @@
 //! | 16     | 4    | checksum  | CRC-32C of the whole page or run with this field zeroed        |
 //! | 20     | 4    | reserved  | 0                                                              |
 //!
-//! A branch page follows with `count` 16-byte elements, then the keys they point at:
+//! Every branch and leaf element starts with the key's first 8 bytes (zero-padded, read as a
+//! big-endian integer): a binary search compares integers inside the element array and touches a
+//! key elsewhere in the page only when two prefixes are equal.
 //!
-//! | offset | size | field | meaning                                              |
-//! |--------|------|-------|------------------------------------------------------|
-//! | 0      | 4    | pos   | offset of the key from the page start                |
-//! | 4      | 2    | klen  | key length                                           |
-//! | 6      | 2    | -     | 0                                                    |
-//! | 8      | 8    | child | page id of the subtree holding keys ≥ this key       |
+//! A branch page follows with `count` 24-byte elements, then the keys they point at:
 //!
-//! A leaf page follows with `count` 12-byte elements, then keys and values:
+//! | offset | size | field  | meaning                                              |
+//! |--------|------|--------|------------------------------------------------------|
+//! | 0      | 8    | prefix | the key's first 8 bytes, big-endian, zero-padded     |
+//! | 8      | 4    | pos    | offset of the key from the page start                |
+//! | 12     | 2    | klen   | key length                                           |
+//! | 14     | 2    | -      | 0                                                    |
+//! | 16     | 8    | child  | page id of the subtree holding keys ≥ this key       |
 //!
-//! | offset | size | field | meaning                                                           |
-//! |--------|------|-------|-------------------------------------------------------------------|
-//! | 0      | 4    | pos   | offset of the key from the page start; the value follows the key  |
-//! | 4      | 2    | klen  | key length                                                        |
-//! | 6      | 1    | flags | 0: value inline; 1: value in an overflow run whose 8-byte page id |
-//! |        |      |       | is stored in place of the value                                   |
-//! | 7      | 1    | -     | 0                                                                 |
-//! | 8      | 4    | vlen  | value length (the whole value, also when it overflows)            |
+//! A leaf page follows with `count` 20-byte elements, then keys and values:
+//!
+//! | offset | size | field  | meaning                                                           |
+//! |--------|------|--------|-------------------------------------------------------------------|
+//! | 0      | 8    | prefix | the key's first 8 bytes, big-endian, zero-padded                  |
+//! | 8      | 4    | pos    | offset of the key from the page start; the value follows the key  |
+//! | 12     | 2    | klen   | key length                                                        |
+//! | 14     | 1    | flags  | 0: value inline; 1: value in an overflow run whose 8-byte page id |
+//! |        |      |        | is stored in place of the value                                   |
+//! | 15     | 1    | -      | 0                                                                 |
+//! | 16     | 4    | vlen   | value length (the whole value, also when it overflows)            |
 //!
 //! An overflow run is a header followed by the value's bytes, over `1 + overflow` pages.
 
@@ -58,8 +64,14 @@ impl fmt::Display for TxId {
 }
 
 pub(crate) const HEADER: usize = 24;
-pub(crate) const BRANCH_ELEM: usize = 16;
-pub(crate) const LEAF_ELEM: usize = 12;
+pub(crate) const BRANCH_ELEM: usize = 24;
+pub(crate) const LEAF_ELEM: usize = 20;
+/// Offsets inside an element (both kinds).
+const E_POS: usize = 8;
+const E_KLEN: usize = 12;
+const E_FLAGS: usize = 14;
+const E_VLEN: usize = 16;
+const E_CHILD: usize = 16;
 /// Bytes stored in a leaf in place of an overflowing value.
 pub(crate) const OVERFLOW_REF: usize = 8;
 const CHECKSUM_AT: usize = 16;
@@ -108,6 +120,33 @@ pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
 }
 pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// A key's first 8 bytes as a big-endian integer, zero-padded: comparing prefixes orders keys
+/// as comparing the keys does, except that equal prefixes need the full keys.
+pub(crate) fn prefix(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
+}
+
+/// Writes one element's prefix, key position and key length.
+pub(crate) fn put_elem_key(buf: &mut [u8], e: usize, key: &[u8], pos: usize) {
+    put_u64(buf, e, prefix(key));
+    put_u32(buf, e + E_POS, pos as u32);
+    put_u16(buf, e + E_KLEN, key.len() as u16);
+}
+
+/// Writes a leaf element's value fields.
+pub(crate) fn put_leaf_val(buf: &mut [u8], e: usize, overflow: bool, vlen: usize) {
+    buf[e + E_FLAGS] = if overflow { FLAG_OVERFLOW } else { 0 };
+    put_u32(buf, e + E_VLEN, vlen as u32);
+}
+
+/// Writes a branch element's child.
+pub(crate) fn put_branch_child(buf: &mut [u8], e: usize, child: PageId) {
+    put_u64(buf, e + E_CHILD, child.0);
 }
 
 /// Writes a page header (checksum left zero; see [`seal`]).
@@ -247,22 +286,26 @@ impl<'a> NodePage<'a> {
             })
     }
 
+    fn elem(&self, i: usize) -> usize {
+        HEADER + i * if self.leaf { LEAF_ELEM } else { BRANCH_ELEM }
+    }
+
     pub fn key(&self, i: usize) -> Result<&'a [u8], Bad> {
-        let e = HEADER + i * if self.leaf { LEAF_ELEM } else { BRANCH_ELEM };
-        let pos = get_u32(self.buf, e) as usize;
-        let klen = get_u16(self.buf, e + 4) as usize;
+        let e = self.elem(i);
+        let pos = get_u32(self.buf, e + E_POS) as usize;
+        let klen = get_u16(self.buf, e + E_KLEN) as usize;
         self.slice(pos, klen)
     }
 
     pub fn child(&self, i: usize) -> PageId {
-        PageId(get_u64(self.buf, HEADER + i * BRANCH_ELEM + 8))
+        PageId(get_u64(self.buf, HEADER + i * BRANCH_ELEM + E_CHILD))
     }
 
     pub fn value(&self, i: usize) -> Result<RawVal<'a>, Bad> {
         let e = HEADER + i * LEAF_ELEM;
-        let pos = get_u32(self.buf, e) as usize + get_u16(self.buf, e + 4) as usize;
-        let flags = self.buf[e + 6];
-        let vlen = get_u32(self.buf, e + 8) as usize;
+        let pos = get_u32(self.buf, e + E_POS) as usize + get_u16(self.buf, e + E_KLEN) as usize;
+        let flags = self.buf[e + E_FLAGS];
+        let vlen = get_u32(self.buf, e + E_VLEN) as usize;
         if flags & FLAG_OVERFLOW != 0 {
             let r = self.slice(pos, OVERFLOW_REF)?;
             Ok(RawVal::Overflow {
@@ -276,10 +319,16 @@ impl<'a> NodePage<'a> {
 
     /// Index of the first key ≥ `key` (leaf), or of the child to descend into (branch).
     pub fn search(&self, key: &[u8]) -> Result<(usize, bool), Bad> {
+        let want = prefix(key);
         let (mut lo, mut hi) = (0usize, self.count);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            match self.key(mid)?.cmp(key) {
+            let have = get_u64(self.buf, self.elem(mid));
+            let ord = match have.cmp(&want) {
+                std::cmp::Ordering::Equal => self.key(mid)?.cmp(key),
+                o => o,
+            };
+            match ord {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Equal => return Ok((mid, true)),
                 std::cmp::Ordering::Greater => hi = mid,

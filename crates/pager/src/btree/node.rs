@@ -163,20 +163,18 @@ impl Node {
         let mut pos = HEADER + self.len() * elem;
         for (i, key) in self.keys.iter().enumerate() {
             let e = HEADER + i * elem;
-            page::put_u32(buf, e, pos as u32);
-            page::put_u16(buf, e + 4, key.len() as u16);
+            page::put_elem_key(buf, e, key, pos);
             buf[pos..pos + key.len()].copy_from_slice(key);
             pos += key.len();
             if self.leaf {
                 match &self.vals[i] {
                     Val::Inline(v) => {
-                        page::put_u32(buf, e + 8, v.len() as u32);
+                        page::put_leaf_val(buf, e, false, v.len());
                         buf[pos..pos + v.len()].copy_from_slice(v);
                         pos += v.len();
                     }
                     Val::Overflow { page: p, len } => {
-                        buf[e + 6] = page::FLAG_OVERFLOW;
-                        page::put_u32(buf, e + 8, *len as u32);
+                        page::put_leaf_val(buf, e, true, *len);
                         page::put_u64(buf, pos, p.0);
                         pos += OVERFLOW_REF;
                     }
@@ -188,7 +186,7 @@ impl Node {
                 let NodeRef::Page(child) = self.kids[i] else {
                     unreachable!("children are written before their parent")
                 };
-                page::put_u64(buf, e + 8, child.0);
+                page::put_branch_child(buf, e, child);
             }
         }
         page::seal(buf);
