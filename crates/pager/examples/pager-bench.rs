@@ -5,12 +5,8 @@
 //! `--no-sync`); keys are a 4-byte big-endian counter (`seq`) or random u32 (`rnd`), zero-padded
 //! to `--key-size`; values are `--value-size` zero bytes. Then reads for at least a second in one
 //! read transaction: a cursor over everything (`seq`) or a get of every written key in shuffled
-//! order (`rnd`), repeated. Prints, as bbolt does:
-//!
-//! ```text
-//! # Write	300000(ops)	2.1s	(7µs/op)	(142857 op/sec)
-//! # Read	...
-//! ```
+//! order (`rnd`), repeated. Prints, as bbolt does, two tab-separated lines:
+//! `# Write`, `N(ops)`, the duration, `(D/op)`, `(R op/sec)`, then the same for `# Read`.
 //!
 //! `cargo run --release -p pager --example pager-bench -- --count 300000 --batch-size 1000 --value-size 256 --write-mode rnd --read-mode rnd`
 
