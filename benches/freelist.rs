@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pager::freelist::{self, FreeSet, FreelistKind};
+use pager::freelist::{self, FreeSet, FreelistKind, Run};
 use pager::PageId;
 use rand::{Rng, SeedableRng};
 
@@ -31,7 +31,7 @@ const KINDS: [(&str, FreelistKind); 2] = [
 /// Free runs of 1–2 pages separated by used pages, `n` pages in all; every `gap_every` runs one
 /// of the separating gaps is 5 pages wide (`used, 3 pages, used`), and the 3 pages in the middle
 /// are returned as a pending run. Then the growth runs above.
-fn fragmented(n: u64, pending_runs: usize) -> (Vec<(PageId, u64)>, Vec<(PageId, u64)>) {
+fn fragmented(n: u64, pending_runs: usize) -> (Vec<Run>, Vec<Run>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(n);
     let mut free = Vec::new();
     let mut pending = Vec::new();
@@ -57,7 +57,7 @@ fn fragmented(n: u64, pending_runs: usize) -> (Vec<(PageId, u64)>, Vec<(PageId, 
     (free, pending)
 }
 
-fn set_of(kind: FreelistKind, runs: &[(PageId, u64)]) -> Box<dyn FreeSet> {
+fn set_of(kind: FreelistKind, runs: &[Run]) -> Box<dyn FreeSet> {
     let mut s = freelist::new_set(kind);
     s.release(runs);
     s

@@ -128,7 +128,7 @@ fn commit_fragmented(c: &mut Criterion) {
                         .unwrap();
                     w.commit_nosync().unwrap();
                     spent += t.elapsed();
-                    if n % 16 == 0 {
+                    if n.is_multiple_of(16) {
                         db.sync().unwrap();
                     }
                 }

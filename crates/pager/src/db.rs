@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::btree::Snap;
 use crate::error::{Error, Result};
-use crate::freelist::{self, Freelist, FreelistKind};
+use crate::freelist::{self, Freelist, FreelistKind, Run};
 use crate::map::Map;
 use crate::meta::{self, Meta, META_LEN};
 use crate::page::{self, Kind, PageId, TxId, HEADER, LEAF_ELEM, OVERFLOW_REF};
@@ -62,7 +62,7 @@ pub(crate) struct Writer {
     pub file_len: u64,
     pub freelist: Freelist,
     /// The run holding the freelist of the newest durable meta.
-    pub freelist_run: Option<(PageId, u64)>,
+    pub freelist_run: Option<Run>,
     /// Txid of the newest durable meta and the meta slot (0 or 1) holding it.
     pub durable: TxId,
     pub durable_slot: u64,

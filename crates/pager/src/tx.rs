@@ -11,7 +11,7 @@ use crate::btree::node::{NodeRef, Val};
 use crate::btree::{Snap, Tree};
 use crate::db::{self, max_entry, Shared, Writer, MAX_VALUE_LEN};
 use crate::error::{name_str, Error, Result};
-use crate::freelist::{self, Freelist};
+use crate::freelist::{self, Freelist, Run};
 use crate::meta::Meta;
 use crate::page::{self, PageId, TxId, LEAF_ELEM, OVERFLOW_REF};
 
@@ -246,7 +246,7 @@ fn check_key(key: &[u8], page_size: usize) -> Result<()> {
 struct Alloc<'a> {
     freelist: &'a mut Freelist,
     high_water: u64,
-    taken: Vec<(PageId, u64)>,
+    taken: Vec<Run>,
 }
 
 impl Alloc<'_> {
@@ -441,7 +441,7 @@ impl<'db> WriteTxn<'db> {
 }
 
 /// The pages a commit writes, and the run of its persisted freelist (durable commits only).
-type Spilled = (Vec<Write>, Option<(PageId, u64)>);
+type Spilled = (Vec<Write>, Option<Run>);
 
 /// Spills every edited tree and, for a durable commit, the freelist; returns the pages to write
 /// and the new freelist run.
@@ -455,7 +455,7 @@ fn write_commit(
     alloc: &mut Alloc<'_>,
     txid: TxId,
     durable: bool,
-    old_run: Option<(PageId, u64)>,
+    old_run: Option<Run>,
 ) -> Result<Spilled> {
     let mut writes = Vec::new();
     for (name, broot) in open.iter_mut() {

@@ -9,13 +9,14 @@
 use super::node::{Node, NodeRef, Val};
 use super::{Snap, Tree, MAX_DEPTH};
 use crate::error::Result;
+use crate::freelist::Run;
 use crate::page::{self, Kind, PageId, HEADER};
 
 #[derive(Debug)]
 pub(crate) struct Editor {
     pub arena: Vec<Node>,
     /// Runs of the committed state that this transaction stopped using.
-    pub freed: Vec<(PageId, u64)>,
+    pub freed: Vec<Run>,
     page_size: usize,
     /// Bytes the left part of a split keeps (the fill percent of a page).
     split_at: usize,

@@ -1,6 +1,6 @@
 //! bbolt's original freelist: a sorted array of free page ids.
 
-use super::FreeSet;
+use super::{FreeSet, Run};
 use crate::page::PageId;
 
 /// Sorted free ids. Allocating a run of n scans from the start for n consecutive ids (O(free
@@ -30,7 +30,7 @@ impl FreeSet for Array {
         None
     }
 
-    fn release(&mut self, runs: &[(PageId, u64)]) {
+    fn release(&mut self, runs: &[Run]) {
         let mut new: Vec<u64> = runs.iter().flat_map(|&(s, n)| s.0..s.0 + n).collect();
         if new.is_empty() {
             return;
@@ -58,7 +58,7 @@ impl FreeSet for Array {
         self.ids.len() as u64
     }
 
-    fn runs(&self) -> Vec<(PageId, u64)> {
+    fn runs(&self) -> Vec<Run> {
         super::runs_of(&self.ids)
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::FreeSet;
+use super::{FreeSet, Run};
 use crate::page::PageId;
 
 /// A multiplicative hash for page ids: they are dense integers, SipHash's DoS resistance buys
@@ -94,7 +94,7 @@ impl FreeSet for Hashmap {
         Some(PageId(s))
     }
 
-    fn release(&mut self, runs: &[(PageId, u64)]) {
+    fn release(&mut self, runs: &[Run]) {
         for &(s, n) in runs {
             if n == 0 {
                 continue;
@@ -119,8 +119,8 @@ impl FreeSet for Hashmap {
         self.count
     }
 
-    fn runs(&self) -> Vec<(PageId, u64)> {
-        let mut r: Vec<(PageId, u64)> = self
+    fn runs(&self) -> Vec<Run> {
+        let mut r: Vec<Run> = self
             .start
             .iter()
             .map(|(&s, &(n, _))| (PageId(s), n))

@@ -20,6 +20,9 @@ pub use hashmap::Hashmap;
 
 use crate::page::{self, Bad, Kind, PageId, TxId, HEADER};
 
+/// A run of contiguous pages: its first page and its length.
+pub type Run = (PageId, u64);
+
 /// Which free-set algorithm a database uses (chosen at each open; not stored in the file).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FreelistKind {
@@ -49,11 +52,11 @@ pub trait FreeSet: Send + std::fmt::Debug {
     /// of `n` is free.
     fn allocate(&mut self, n: u64) -> Option<PageId>;
     /// Adds runs `(first page, length)` to the set. None of their pages may be free already.
-    fn release(&mut self, runs: &[(PageId, u64)]);
+    fn release(&mut self, runs: &[Run]);
     /// Number of free pages.
     fn count(&self) -> u64;
     /// The free runs, maximal and in page order.
-    fn runs(&self) -> Vec<(PageId, u64)>;
+    fn runs(&self) -> Vec<Run>;
 }
 
 /// A new, empty free set of the given kind.
@@ -65,8 +68,8 @@ pub fn new_set(kind: FreelistKind) -> Box<dyn FreeSet> {
 }
 
 /// Splits sorted, distinct page ids into maximal runs.
-pub fn runs_of(ids: &[u64]) -> Vec<(PageId, u64)> {
-    let mut out: Vec<(PageId, u64)> = Vec::new();
+pub fn runs_of(ids: &[u64]) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::new();
     for &id in ids {
         match out.last_mut() {
             Some((start, len)) if start.0 + *len == id => *len += 1,
@@ -80,12 +83,12 @@ pub fn runs_of(ids: &[u64]) -> Vec<(PageId, u64)> {
 #[derive(Debug)]
 pub(crate) struct Freelist {
     set: Box<dyn FreeSet>,
-    pending: BTreeMap<TxId, Vec<(PageId, u64)>>,
+    pending: BTreeMap<TxId, Vec<Run>>,
     pending_count: u64,
 }
 
 impl Freelist {
-    pub fn new(kind: FreelistKind, runs: &[(PageId, u64)]) -> Self {
+    pub fn new(kind: FreelistKind, runs: &[Run]) -> Self {
         let mut set = new_set(kind);
         set.release(runs);
         Freelist {
@@ -100,12 +103,12 @@ impl Freelist {
     }
 
     /// Returns pages that were allocated but never became visible to anyone.
-    pub fn unallocate(&mut self, run: (PageId, u64)) {
+    pub fn unallocate(&mut self, run: Run) {
         self.set.release(&[run]);
     }
 
     /// Records pages that commit `txid` stopped using.
-    pub fn free(&mut self, txid: TxId, runs: Vec<(PageId, u64)>) {
+    pub fn free(&mut self, txid: TxId, runs: Vec<Run>) {
         if runs.is_empty() {
             return;
         }
@@ -140,7 +143,7 @@ impl Freelist {
         self.pending_count
     }
 
-    pub fn free_runs(&self) -> Vec<(PageId, u64)> {
+    pub fn free_runs(&self) -> Vec<Run> {
         self.set.runs()
     }
 
@@ -160,7 +163,7 @@ impl Freelist {
         ids
     }
 
-    pub fn pending_runs(&self) -> impl Iterator<Item = (TxId, (PageId, u64))> + '_ {
+    pub fn pending_runs(&self) -> impl Iterator<Item = (TxId, Run)> + '_ {
         self.pending
             .iter()
             .flat_map(|(t, runs)| runs.iter().map(move |r| (*t, *r)))
