@@ -373,16 +373,14 @@ pub(crate) fn child_index(found: (usize, bool)) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btree::node::{Node, Val};
+    use crate::btree::node::{NewVal, Node};
     use proptest::prelude::*;
 
     fn leaf(keys: &[Vec<u8>]) -> Vec<u8> {
         let mut n = Node::empty_leaf();
-        for k in keys {
-            n.keys.push(k.clone());
-            n.vals.push(Val::Inline(vec![1]));
+        for (i, k) in keys.iter().enumerate() {
+            n.insert(i, k, NewVal::Inline(&[1]));
         }
-        n.size = n.compute_size();
         let mut buf = vec![0u8; 65536];
         n.write(&mut buf, PageId(9));
         buf

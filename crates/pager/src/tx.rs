@@ -7,7 +7,7 @@ use parking_lot::MutexGuard;
 
 use crate::btree::cursor::{Cursor, Range};
 use crate::btree::edit::{Editor, Write};
-use crate::btree::node::{NodeRef, Val};
+use crate::btree::node::{NewVal, NodeRef};
 use crate::btree::{Snap, Tree};
 use crate::db::{self, max_entry, Shared, Writer, MAX_VALUE_LEN};
 use crate::error::{name_str, Error, Result};
@@ -199,9 +199,9 @@ impl BucketMut<'_> {
             });
         }
         let val = if LEAF_ELEM + key.len() + value.len() <= max_entry(ps) {
-            Val::Inline(value.to_vec())
+            NewVal::Inline(value)
         } else {
-            Val::Big(value.to_vec())
+            NewVal::Big(value.to_vec())
         };
         self.ed.put(self.snap, self.root, key, val)
     }
@@ -333,7 +333,7 @@ impl<'db> WriteTxn<'db> {
         check_key(name, self.snap.page_size)?;
         // The entry's value (the root page) is filled in at commit.
         self.ed
-            .put(&self.snap, &mut self.root, name, Val::Inline(vec![0; 8]))?;
+            .put(&self.snap, &mut self.root, name, NewVal::Inline(&[0; 8]))?;
         let root = self.ed.new_leaf();
         self.open.push((name.to_vec(), root));
         Ok(self.bucket_at(self.open.len() - 1))
@@ -462,7 +462,7 @@ fn write_commit(
         if let NodeRef::Mem(_) = broot {
             let id = ed.spill(*broot, &mut |n| alloc.take(n), &mut writes);
             *broot = NodeRef::Page(id);
-            ed.put(snap, root, name, Val::Inline(id.0.to_le_bytes().to_vec()))?;
+            ed.put(snap, root, name, NewVal::Inline(&id.0.to_le_bytes()))?;
         }
     }
     *root = NodeRef::Page(ed.spill(*root, &mut |n| alloc.take(n), &mut writes));

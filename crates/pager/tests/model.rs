@@ -349,3 +349,28 @@ fn compaction_shrinks_a_fragmented_file() {
         "the source was not fragmented: {before:?}"
     );
 }
+
+/// Many overwrites of the same keys in one transaction: an edited node reclaims the bytes of
+/// replaced values, and what it keeps is the last value of each key.
+#[test]
+fn repeated_overwrites_in_one_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path().join("db"), Options::default()).unwrap();
+    let mut w = db.begin_write().unwrap();
+    let mut b = w.create_bucket(b"b").unwrap();
+    for round in 0..5_000u32 {
+        for k in 0..4u8 {
+            let v = vec![(round % 251) as u8; 100 + (round as usize * 13 + k as usize) % 800];
+            b.put(&[k], &v).unwrap();
+            assert_eq!(b.get(&[k]).unwrap(), Some(&v[..]));
+        }
+    }
+    w.commit().unwrap();
+    db.check().unwrap();
+    let r = db.begin_read().unwrap();
+    let b = r.bucket(b"b").unwrap();
+    for k in 0..4u8 {
+        let want = vec![(4_999 % 251) as u8; 100 + (4_999 * 13 + k as usize) % 800];
+        assert_eq!(b.get(&[k]).unwrap(), Some(&want[..]));
+    }
+}

@@ -6,7 +6,7 @@
 //! they fall under a quarter page, so every arena node fits one page and commit only has to
 //! allocate and serialize ("spill") them bottom-up.
 
-use super::node::{Node, NodeRef, Val};
+use super::node::{NewVal, Node, NodeRef, Val};
 use super::{Snap, Tree, MAX_DEPTH};
 use crate::error::Result;
 use crate::freelist::Run;
@@ -85,11 +85,10 @@ impl Editor {
             }
             let n = &mut self.arena[idx];
             let pos = page::child_index(n.search(key));
-            if pos == 0 && key < n.keys[0].as_slice() {
+            if pos == 0 && key < n.key(0) {
                 // Keep a branch's first key at or below its subtree's smallest key, so that the
                 // separators a split of the first child adds stay above it.
-                n.size = n.size + key.len() - n.keys[0].len();
-                n.keys[0] = key.to_vec();
+                n.set_key(0, key);
             }
             let child = self.touch(snap, self.arena[idx].kids[pos])?;
             self.arena[idx].kids[pos] = NodeRef::Mem(child);
@@ -107,21 +106,21 @@ impl Editor {
     }
 
     /// Inserts or replaces `key`.
-    pub fn put(&mut self, snap: &Snap, root: &mut NodeRef, key: &[u8], val: Val) -> Result<()> {
+    pub fn put(
+        &mut self,
+        snap: &Snap,
+        root: &mut NodeRef,
+        key: &[u8],
+        val: NewVal<'_>,
+    ) -> Result<()> {
         let (leaf, path) = self.touch_path(snap, root, key)?;
         let n = &mut self.arena[leaf];
         match n.search(key) {
             (i, true) => {
-                let old = std::mem::replace(&mut n.vals[i], val);
-                let size = n.entry_size(i);
-                n.size = n.size + size - (page::LEAF_ELEM + key.len() + old_stored(&old));
+                let old = n.set_val(i, val);
                 self.free_val(&old);
             }
-            (i, false) => {
-                n.keys.insert(i, key.to_vec());
-                n.vals.insert(i, val);
-                n.size += n.entry_size(i);
-            }
+            (i, false) => n.insert(i, key, val),
         }
         self.split_up(root, path, leaf);
         Ok(())
@@ -143,10 +142,7 @@ impl Editor {
         let n = &mut self.arena[leaf];
         let (i, found) = n.search(key);
         debug_assert!(found, "key found by the read-only search");
-        let size = n.entry_size(i);
-        n.keys.remove(i);
-        let old = n.vals.remove(i);
-        n.size -= size;
+        let old = n.remove(i).expect("a leaf entry has a value");
         self.free_val(&old);
         self.rebalance(snap, root, path, leaf)?;
         Ok(true)
@@ -181,11 +177,8 @@ impl Editor {
     /// Puts split pieces into `parent` right after child `pos`.
     fn adopt(&mut self, parent: usize, pos: usize, pieces: &[usize]) {
         for (k, &p) in pieces.iter().enumerate() {
-            let key = self.arena[p].keys[0].clone();
-            let n = &mut self.arena[parent];
-            n.keys.insert(pos + 1 + k, key);
-            n.kids.insert(pos + 1 + k, NodeRef::Mem(p));
-            n.size += n.entry_size(pos + 1 + k);
+            let key = self.arena[p].key(0).to_vec();
+            self.arena[parent].insert_kid(pos + 1 + k, &key, NodeRef::Mem(p));
         }
     }
 
@@ -201,13 +194,19 @@ impl Editor {
                 }
                 None if pieces.is_empty() => return,
                 None => {
-                    let mut keys = vec![self.arena[idx].keys[0].clone()];
-                    let mut kids = vec![NodeRef::Mem(idx)];
-                    for &p in &pieces {
-                        keys.push(self.arena[p].keys[0].clone());
-                        kids.push(NodeRef::Mem(p));
-                    }
-                    self.arena.push(Node::branch(keys, kids));
+                    let kids: Vec<NodeRef> = std::iter::once(idx)
+                        .chain(pieces)
+                        .map(NodeRef::Mem)
+                        .collect();
+                    let keys: Vec<Vec<u8>> = kids
+                        .iter()
+                        .map(|k| match k {
+                            NodeRef::Mem(i) => self.arena[*i].key(0).to_vec(),
+                            NodeRef::Page(_) => unreachable!("split pieces are in the arena"),
+                        })
+                        .collect();
+                    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                    self.arena.push(Node::branch(&keys, &kids));
                     idx = self.arena.len() - 1;
                     *root = NodeRef::Mem(idx);
                 }
@@ -236,19 +235,15 @@ impl Editor {
             let l = self.touch(snap, self.arena[parent].kids[left_pos])?;
             let r = self.touch(snap, self.arena[parent].kids[left_pos + 1])?;
             let mut right = std::mem::replace(&mut self.arena[r], Node::empty_leaf());
-            if !right.leaf && !right.keys.is_empty() {
+            if !right.leaf && right.len() > 0 {
                 // The parent's separator bounds the right node's first subtree from below.
-                let sep = self.arena[parent].keys[left_pos + 1].clone();
-                right.size = right.size + sep.len() - right.keys[0].len();
-                right.keys[0] = sep;
+                let sep = self.arena[parent].key(left_pos + 1).to_vec();
+                right.set_key(0, &sep);
             }
             self.arena[l].append(right);
             let p = &mut self.arena[parent];
             p.kids[left_pos] = NodeRef::Mem(l);
-            let removed = p.entry_size(left_pos + 1);
-            p.keys.remove(left_pos + 1);
-            p.kids.remove(left_pos + 1);
-            p.size -= removed;
+            p.remove(left_pos + 1);
             // A merge of two nearly full nodes overflows: split it again (redistribution).
             let pieces = self.split(l);
             self.adopt(parent, left_pos, &pieces);
@@ -326,12 +321,5 @@ impl Editor {
         n.write(&mut buf, id);
         out.push(Write { id, buf });
         id
-    }
-}
-
-fn old_stored(v: &Val) -> usize {
-    match v {
-        Val::Inline(b) => b.len(),
-        Val::Overflow { .. } | Val::Big(_) => page::OVERFLOW_REF,
     }
 }

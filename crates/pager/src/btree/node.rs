@@ -14,12 +14,10 @@ pub(crate) enum NodeRef {
 /// A leaf value held by an edited node.
 #[derive(Clone, Debug)]
 pub(crate) enum Val {
-    Inline(Vec<u8>),
+    /// Bytes in the node's buffer.
+    Inline { off: u32, len: u32 },
     /// A value already in an overflow run in the file.
-    Overflow {
-        page: PageId,
-        len: usize,
-    },
+    Overflow { page: PageId, len: usize },
     /// A large value that needs a new overflow run at commit.
     Big(Vec<u8>),
 }
@@ -27,19 +25,51 @@ pub(crate) enum Val {
 impl Val {
     fn stored_len(&self) -> usize {
         match self {
-            Val::Inline(v) => v.len(),
+            Val::Inline { len, .. } => *len as usize,
             Val::Overflow { .. } | Val::Big(_) => OVERFLOW_REF,
+        }
+    }
+
+    fn inline_len(&self) -> usize {
+        match self {
+            Val::Inline { len, .. } => *len as usize,
+            Val::Overflow { .. } | Val::Big(_) => 0,
         }
     }
 }
 
-/// A branch or leaf being edited. `size` is its serialized size, kept current by every edit.
+/// A value to store.
+pub(crate) enum NewVal<'a> {
+    Inline(&'a [u8]),
+    Big(Vec<u8>),
+}
+
+/// Where an entry's key lies in the node's buffer, with its search prefix.
+#[derive(Clone, Copy, Debug)]
+struct Ent {
+    prefix: u64,
+    off: u32,
+    len: u32,
+}
+
+fn at(data: &[u8], off: u32, len: u32) -> &[u8] {
+    &data[off as usize..(off + len) as usize]
+}
+
+/// A branch or leaf being edited: entries point into one byte buffer (a copy of the page it came
+/// from, plus whatever edits appended), so touching a page costs one copy, not one allocation per
+/// key and value. `size` is its serialized size, kept current by every edit.
 #[derive(Clone, Debug)]
 pub(crate) struct Node {
     pub leaf: bool,
-    pub keys: Vec<Vec<u8>>,
+    ents: Vec<Ent>,
+    /// Leaf values, one per entry.
     pub vals: Vec<Val>,
+    /// Branch children, one per entry.
     pub kids: Vec<NodeRef>,
+    data: Vec<u8>,
+    /// Bytes of `data` no entry points at any more.
+    garbage: usize,
     pub size: usize,
 }
 
@@ -47,49 +77,171 @@ impl Node {
     pub fn empty_leaf() -> Node {
         Node {
             leaf: true,
-            keys: Vec::new(),
+            ents: Vec::new(),
             vals: Vec::new(),
             kids: Vec::new(),
+            data: Vec::new(),
+            garbage: 0,
             size: HEADER,
         }
     }
 
-    pub fn branch(keys: Vec<Vec<u8>>, kids: Vec<NodeRef>) -> Node {
+    pub fn branch(keys: &[&[u8]], kids: &[NodeRef]) -> Node {
         let mut n = Node {
             leaf: false,
-            keys,
-            vals: Vec::new(),
-            kids,
-            size: 0,
+            ..Node::empty_leaf()
         };
-        n.size = n.compute_size();
+        for (i, (k, kid)) in keys.iter().zip(kids).enumerate() {
+            n.insert_kid(i, k, *kid);
+        }
         n
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.ents.len()
     }
 
-    pub fn entry_size(&self, i: usize) -> usize {
-        if self.leaf {
-            LEAF_ELEM + self.keys[i].len() + self.vals[i].stored_len()
-        } else {
-            BRANCH_ELEM + self.keys[i].len()
+    pub fn key(&self, i: usize) -> &[u8] {
+        let e = self.ents[i];
+        at(&self.data, e.off, e.len)
+    }
+
+    pub fn value(&self, i: usize) -> ValRef<'_> {
+        match &self.vals[i] {
+            Val::Inline { off, len } => ValRef::Bytes(at(&self.data, *off, *len)),
+            Val::Big(v) => ValRef::Bytes(v),
+            Val::Overflow { page, len } => ValRef::Overflow {
+                page: *page,
+                len: *len,
+            },
         }
     }
 
-    pub fn compute_size(&self) -> usize {
-        HEADER + (0..self.len()).map(|i| self.entry_size(i)).sum::<usize>()
+    pub fn entry_size(&self, i: usize) -> usize {
+        let klen = self.ents[i].len as usize;
+        if self.leaf {
+            LEAF_ELEM + klen + self.vals[i].stored_len()
+        } else {
+            BRANCH_ELEM + klen
+        }
+    }
+
+    fn push_bytes(&mut self, b: &[u8]) -> u32 {
+        let off = self.data.len() as u32;
+        self.data.extend_from_slice(b);
+        off
+    }
+
+    fn ent(&mut self, key: &[u8]) -> Ent {
+        Ent {
+            prefix: page::prefix(key),
+            off: self.push_bytes(key),
+            len: key.len() as u32,
+        }
+    }
+
+    fn new_val(&mut self, v: NewVal<'_>) -> Val {
+        match v {
+            NewVal::Inline(b) => Val::Inline {
+                off: self.push_bytes(b),
+                len: b.len() as u32,
+            },
+            NewVal::Big(b) => Val::Big(b),
+        }
+    }
+
+    /// Accounts for bytes no longer referenced; compacts the buffer when they dominate it.
+    fn drop_bytes(&mut self, n: usize) {
+        self.garbage += n;
+        if self.garbage > 2048 && self.garbage * 2 > self.data.len() {
+            self.compact();
+        }
+    }
+
+    /// Rewrites the buffer with only the bytes entries point at.
+    fn compact(&mut self) {
+        let live = self.ents.iter().map(|e| e.len as usize).sum::<usize>()
+            + self.vals.iter().map(Val::inline_len).sum::<usize>();
+        let mut data = Vec::with_capacity(live);
+        for e in self.ents.iter_mut() {
+            let off = data.len() as u32;
+            data.extend_from_slice(at(&self.data, e.off, e.len));
+            e.off = off;
+        }
+        for v in self.vals.iter_mut() {
+            if let Val::Inline { off, len } = v {
+                let to = data.len() as u32;
+                data.extend_from_slice(at(&self.data, *off, *len));
+                *off = to;
+            }
+        }
+        self.data = data;
+        self.garbage = 0;
+    }
+
+    /// Inserts a leaf entry at `i`.
+    pub fn insert(&mut self, i: usize, key: &[u8], v: NewVal<'_>) {
+        let e = self.ent(key);
+        let v = self.new_val(v);
+        self.ents.insert(i, e);
+        self.vals.insert(i, v);
+        self.size += self.entry_size(i);
+    }
+
+    /// Inserts a branch entry at `i`.
+    pub fn insert_kid(&mut self, i: usize, key: &[u8], kid: NodeRef) {
+        let e = self.ent(key);
+        self.ents.insert(i, e);
+        self.kids.insert(i, kid);
+        self.size += self.entry_size(i);
+    }
+
+    /// Replaces the value of leaf entry `i`; returns the old one.
+    pub fn set_val(&mut self, i: usize, v: NewVal<'_>) -> Val {
+        let v = self.new_val(v);
+        self.replace_val(i, v)
+    }
+
+    fn replace_val(&mut self, i: usize, v: Val) -> Val {
+        let before = self.entry_size(i);
+        let old = std::mem::replace(&mut self.vals[i], v);
+        self.size = self.size + self.entry_size(i) - before;
+        self.drop_bytes(old.inline_len());
+        old
+    }
+
+    /// Replaces the key of entry `i` (a branch's first key).
+    pub fn set_key(&mut self, i: usize, key: &[u8]) {
+        let before = self.entry_size(i);
+        let old = self.ents[i].len as usize;
+        self.ents[i] = self.ent(key);
+        self.size = self.size + self.entry_size(i) - before;
+        self.drop_bytes(old);
+    }
+
+    /// Removes entry `i`; returns its value (leaves).
+    pub fn remove(&mut self, i: usize) -> Option<Val> {
+        self.size -= self.entry_size(i);
+        let e = self.ents.remove(i);
+        let v = if self.leaf {
+            Some(self.vals.remove(i))
+        } else {
+            self.kids.remove(i);
+            None
+        };
+        self.drop_bytes(e.len as usize + v.as_ref().map_or(0, Val::inline_len));
+        v
     }
 
     /// Copies a page into an editable node.
     pub fn from_page(p: &NodePage<'_>) -> Result<Node, Bad> {
+        let base = p.buf.as_ptr() as usize;
+        let off = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
         let mut n = Node {
             leaf: p.leaf,
-            keys: Vec::with_capacity(p.count + 1),
-            vals: Vec::new(),
-            kids: Vec::new(),
-            size: 0,
+            ents: Vec::with_capacity(p.count + 1),
+            data: p.buf.to_vec(),
+            ..Node::empty_leaf()
         };
         if p.leaf {
             n.vals.reserve(p.count + 1);
@@ -97,55 +249,116 @@ impl Node {
             n.kids.reserve(p.count + 1);
         }
         for i in 0..p.count {
-            n.keys.push(p.key(i)?.to_vec());
+            let k = p.key(i)?;
+            n.ents.push(Ent {
+                prefix: page::prefix(k),
+                off: off(k),
+                len: k.len() as u32,
+            });
             if p.leaf {
                 n.vals.push(match p.value(i)? {
-                    RawVal::Inline(v) => Val::Inline(v.to_vec()),
+                    RawVal::Inline(v) => Val::Inline {
+                        off: off(v),
+                        len: v.len() as u32,
+                    },
                     RawVal::Overflow { page, len } => Val::Overflow { page, len },
                 });
             } else {
                 n.kids.push(NodeRef::Page(p.child(i)));
             }
+            n.size += n.entry_size(i);
         }
-        n.size = n.compute_size();
+        // What the page spends on its header and element table is not referenced.
+        n.garbage = n.data.len()
+            - (n.ents.iter().map(|e| e.len as usize).sum::<usize>()
+                + n.vals.iter().map(Val::inline_len).sum::<usize>());
         Ok(n)
     }
 
     pub fn search(&self, key: &[u8]) -> (usize, bool) {
-        match self.keys.binary_search_by(|k| k.as_slice().cmp(key)) {
+        let want = page::prefix(key);
+        let found = self.ents.binary_search_by(|e| {
+            e.prefix
+                .cmp(&want)
+                .then_with(|| at(&self.data, e.off, e.len).cmp(key))
+        });
+        match found {
             Ok(i) => (i, true),
             Err(i) => (i, false),
         }
     }
 
-    /// Moves entries `at..` into a new node.
-    pub fn split_off(&mut self, at: usize) -> Node {
+    /// Moves entries `at..` into a new node (copying their bytes into its own buffer).
+    pub fn split_off(&mut self, from: usize) -> Node {
         let mut right = Node {
             leaf: self.leaf,
-            keys: self.keys.split_off(at),
-            vals: if self.leaf {
-                self.vals.split_off(at)
-            } else {
-                Vec::new()
-            },
-            kids: if self.leaf {
-                Vec::new()
-            } else {
-                self.kids.split_off(at)
-            },
-            size: 0,
+            ..Node::empty_leaf()
         };
-        right.size = right.compute_size();
+        let vals = if self.leaf {
+            self.vals.split_off(from)
+        } else {
+            Vec::new()
+        };
+        let kids = if self.leaf {
+            Vec::new()
+        } else {
+            self.kids.split_off(from)
+        };
+        let ents = self.ents.split_off(from);
+        for (j, e) in ents.iter().enumerate() {
+            let k = at(&self.data, e.off, e.len);
+            if self.leaf {
+                let v = match &vals[j] {
+                    Val::Inline { off, len } => Val::Inline {
+                        off: right.push_bytes(at(&self.data, *off, *len)),
+                        len: *len,
+                    },
+                    other => other.clone(),
+                };
+                let e = right.ent(k);
+                right.ents.push(e);
+                right.vals.push(v);
+            } else {
+                let e = right.ent(k);
+                right.ents.push(e);
+                right.kids.push(kids[j]);
+            }
+            right.size += right.entry_size(j);
+        }
         self.size -= right.size - HEADER;
+        self.compact_live_count();
         right
     }
 
+    /// Recounts the garbage after entries left the node, and compacts if it dominates.
+    fn compact_live_count(&mut self) {
+        let live = self.ents.iter().map(|e| e.len as usize).sum::<usize>()
+            + self.vals.iter().map(Val::inline_len).sum::<usize>();
+        self.garbage = self.data.len() - live;
+        self.drop_bytes(0);
+    }
+
     /// Appends all of `right`'s entries.
-    pub fn append(&mut self, mut right: Node) {
-        self.size += right.size - HEADER;
-        self.keys.append(&mut right.keys);
-        self.vals.append(&mut right.vals);
-        self.kids.append(&mut right.kids);
+    pub fn append(&mut self, right: Node) {
+        for (i, e) in right.ents.iter().enumerate() {
+            let k = at(&right.data, e.off, e.len);
+            let j = self.len();
+            let ent = self.ent(k);
+            self.ents.push(ent);
+            if self.leaf {
+                let v = match &right.vals[i] {
+                    Val::Inline { off, len } => Val::Inline {
+                        off: self.push_bytes(at(&right.data, *off, *len)),
+                        len: *len,
+                    },
+                    other => other.clone(),
+                };
+                self.vals.push(v);
+            } else {
+                self.kids.push(right.kids[i]);
+            }
+            self.size += self.entry_size(j);
+        }
     }
 
     /// Serializes into `buf` (one page, zeroed by the caller) as page `id`. Every child and value
@@ -161,14 +374,16 @@ impl Node {
         page::write_header(buf, id, kind, self.len() as u16, 0);
         let elem = if self.leaf { LEAF_ELEM } else { BRANCH_ELEM };
         let mut pos = HEADER + self.len() * elem;
-        for (i, key) in self.keys.iter().enumerate() {
+        for i in 0..self.len() {
+            let key = self.key(i);
             let e = HEADER + i * elem;
             page::put_elem_key(buf, e, key, pos);
             buf[pos..pos + key.len()].copy_from_slice(key);
             pos += key.len();
             if self.leaf {
                 match &self.vals[i] {
-                    Val::Inline(v) => {
+                    Val::Inline { off, len } => {
+                        let v = at(&self.data, *off, *len);
                         page::put_leaf_val(buf, e, false, v.len());
                         buf[pos..pos + v.len()].copy_from_slice(v);
                         pos += v.len();
@@ -225,7 +440,7 @@ impl<'a> NodeView<'a> {
     pub fn key(&self, i: usize) -> Result<&'a [u8], Bad> {
         match self {
             NodeView::Page(p) => p.key(i),
-            NodeView::Mem(n) => Ok(&n.keys[i]),
+            NodeView::Mem(n) => Ok(n.key(i)),
         }
     }
 
@@ -242,13 +457,7 @@ impl<'a> NodeView<'a> {
                 RawVal::Inline(v) => ValRef::Bytes(v),
                 RawVal::Overflow { page, len } => ValRef::Overflow { page, len },
             }),
-            NodeView::Mem(n) => Ok(match &n.vals[i] {
-                Val::Inline(v) | Val::Big(v) => ValRef::Bytes(v),
-                Val::Overflow { page, len } => ValRef::Overflow {
-                    page: *page,
-                    len: *len,
-                },
-            }),
+            NodeView::Mem(n) => Ok(n.value(i)),
         }
     }
 
