@@ -158,11 +158,15 @@ impl Node {
         }
     }
 
+    /// Bytes of the buffer that entries point at.
+    fn live_bytes(&self) -> usize {
+        self.ents.iter().map(|e| e.len as usize).sum::<usize>()
+            + self.vals.iter().map(Val::inline_len).sum::<usize>()
+    }
+
     /// Rewrites the buffer with only the bytes entries point at.
     fn compact(&mut self) {
-        let live = self.ents.iter().map(|e| e.len as usize).sum::<usize>()
-            + self.vals.iter().map(Val::inline_len).sum::<usize>();
-        let mut data = Vec::with_capacity(live);
+        let mut data = Vec::with_capacity(self.live_bytes());
         for e in self.ents.iter_mut() {
             let off = data.len() as u32;
             data.extend_from_slice(at(&self.data, e.off, e.len));
@@ -269,9 +273,7 @@ impl Node {
             n.size += n.entry_size(i);
         }
         // What the page spends on its header and element table is not referenced.
-        n.garbage = n.data.len()
-            - (n.ents.iter().map(|e| e.len as usize).sum::<usize>()
-                + n.vals.iter().map(Val::inline_len).sum::<usize>());
+        n.garbage = n.data.len() - n.live_bytes();
         Ok(n)
     }
 
@@ -288,76 +290,48 @@ impl Node {
         }
     }
 
-    /// Moves entries `at..` into a new node (copying their bytes into its own buffer).
+    /// Appends a copy of entry `i` of `src` (its bytes into this node's buffer).
+    fn push_from(&mut self, src: &Node, i: usize) {
+        let e = src.ents[i];
+        let ent = self.ent(at(&src.data, e.off, e.len));
+        self.ents.push(ent);
+        if self.leaf {
+            let v = match &src.vals[i] {
+                Val::Inline { off, len } => Val::Inline {
+                    off: self.push_bytes(at(&src.data, *off, *len)),
+                    len: *len,
+                },
+                other => other.clone(),
+            };
+            self.vals.push(v);
+        } else {
+            self.kids.push(src.kids[i]);
+        }
+        self.size += self.entry_size(self.len() - 1);
+    }
+
+    /// Moves entries `from..` into a new node.
     pub fn split_off(&mut self, from: usize) -> Node {
         let mut right = Node {
             leaf: self.leaf,
             ..Node::empty_leaf()
         };
-        let vals = if self.leaf {
-            self.vals.split_off(from)
-        } else {
-            Vec::new()
-        };
-        let kids = if self.leaf {
-            Vec::new()
-        } else {
-            self.kids.split_off(from)
-        };
-        let ents = self.ents.split_off(from);
-        for (j, e) in ents.iter().enumerate() {
-            let k = at(&self.data, e.off, e.len);
-            if self.leaf {
-                let v = match &vals[j] {
-                    Val::Inline { off, len } => Val::Inline {
-                        off: right.push_bytes(at(&self.data, *off, *len)),
-                        len: *len,
-                    },
-                    other => other.clone(),
-                };
-                let e = right.ent(k);
-                right.ents.push(e);
-                right.vals.push(v);
-            } else {
-                let e = right.ent(k);
-                right.ents.push(e);
-                right.kids.push(kids[j]);
-            }
-            right.size += right.entry_size(j);
+        for i in from..self.len() {
+            right.push_from(self, i);
         }
+        self.ents.truncate(from);
+        self.vals.truncate(if self.leaf { from } else { 0 });
+        self.kids.truncate(if self.leaf { 0 } else { from });
         self.size -= right.size - HEADER;
-        self.compact_live_count();
-        right
-    }
-
-    /// Recounts the garbage after entries left the node, and compacts if it dominates.
-    fn compact_live_count(&mut self) {
-        let live = self.ents.iter().map(|e| e.len as usize).sum::<usize>()
-            + self.vals.iter().map(Val::inline_len).sum::<usize>();
-        self.garbage = self.data.len() - live;
+        self.garbage = self.data.len() - self.live_bytes();
         self.drop_bytes(0);
+        right
     }
 
     /// Appends all of `right`'s entries.
     pub fn append(&mut self, right: Node) {
-        for (i, e) in right.ents.iter().enumerate() {
-            let k = at(&right.data, e.off, e.len);
-            let j = self.len();
-            let ent = self.ent(k);
-            self.ents.push(ent);
-            if self.leaf {
-                let v = match &right.vals[i] {
-                    Val::Inline { off, len } => Val::Inline {
-                        off: self.push_bytes(at(&right.data, *off, *len)),
-                        len: *len,
-                    },
-                    other => other.clone(),
-                };
-                self.vals.push(v);
-            } else {
-                self.kids.push(right.kids[i]);
-            }
-            self.size += self.entry_size(j);
+        for i in 0..right.len() {
+            self.push_from(&right, i);
         }
     }
 
