@@ -10,7 +10,7 @@ use super::node::{NewVal, Node, NodeRef, Val};
 use super::{Snap, Tree, MAX_DEPTH};
 use crate::error::Result;
 use crate::freelist::Run;
-use crate::page::{self, Kind, PageId, HEADER};
+use crate::page::{self, Kind, PageId, RawVal, HEADER};
 
 #[derive(Debug)]
 pub(crate) struct Editor {
@@ -264,7 +264,7 @@ impl Editor {
         Ok(())
     }
 
-    /// Frees every page of the tree under `r` (for a deleted bucket).
+    /// Frees every page of the tree under `r` (for a deleted bucket), reading pages in place.
     pub fn free_tree(&mut self, snap: &Snap, r: NodeRef, depth: usize) -> Result<()> {
         if depth > MAX_DEPTH {
             return Err(Tree {
@@ -274,13 +274,30 @@ impl Editor {
             }
             .too_deep());
         }
-        let idx = self.touch(snap, r)?;
-        let n = std::mem::replace(&mut self.arena[idx], Node::empty_leaf());
-        for v in &n.vals {
-            self.free_val(v);
-        }
-        for &k in &n.kids {
-            self.free_tree(snap, k, depth + 1)?;
+        match r {
+            NodeRef::Mem(i) => {
+                let n = std::mem::replace(&mut self.arena[i], Node::empty_leaf());
+                for v in &n.vals {
+                    self.free_val(v);
+                }
+                for &k in &n.kids {
+                    self.free_tree(snap, k, depth + 1)?;
+                }
+            }
+            NodeRef::Page(id) => {
+                let p = snap.node(id)?;
+                self.freed.push((id, 1));
+                for i in 0..p.count {
+                    if !p.leaf {
+                        self.free_tree(snap, NodeRef::Page(p.child(i)), depth + 1)?;
+                    } else if let RawVal::Overflow { page, len } =
+                        p.value(i).map_err(|b| snap.corrupt(b))?
+                    {
+                        self.freed
+                            .push((page, page::run_pages(len, self.page_size)));
+                    }
+                }
+            }
         }
         Ok(())
     }
