@@ -74,11 +74,11 @@ fn value(key: u16, len: u16, salt: u64) -> Vec<u8> {
         .collect()
 }
 
-fn opts(kind: FreelistKind) -> Options {
+fn opts(kind: FreelistKind, fill_percent: f64) -> Options {
     Options {
         page_size: Some(1024),
         freelist: kind,
-        fill_percent: 0.5,
+        fill_percent,
     }
 }
 
@@ -177,10 +177,10 @@ fn apply(
     Ok(())
 }
 
-fn run(steps: Vec<Step>, dir: &Path) -> Result<(), TestCaseError> {
+fn run(steps: Vec<Step>, dir: &Path, fill: f64) -> Result<(), TestCaseError> {
     let mut path: PathBuf = dir.join("db");
     let mut kind = FreelistKind::Hashmap;
-    let mut db = Db::open(&path, opts(kind)).unwrap();
+    let mut db = Db::open(&path, opts(kind, fill)).unwrap();
     let mut committed = Model::new();
     let mut durable = Model::new();
     let mut salt = 0u64;
@@ -227,7 +227,7 @@ fn run(steps: Vec<Step>, dir: &Path) -> Result<(), TestCaseError> {
                 } else {
                     FreelistKind::Hashmap
                 };
-                db = Db::open(&path, opts(kind)).unwrap();
+                db = Db::open(&path, opts(kind, fill)).unwrap();
                 db.check().unwrap();
                 assert_matches(&db, &committed)?;
             }
@@ -235,7 +235,7 @@ fn run(steps: Vec<Step>, dir: &Path) -> Result<(), TestCaseError> {
                 gen += 1;
                 let dst = dir.join(format!("compacted-{gen}"));
                 db.compact_to(&dst).unwrap();
-                let c = Db::open(&dst, opts(kind)).unwrap();
+                let c = Db::open(&dst, opts(kind, fill)).unwrap();
                 c.check().unwrap();
                 assert_matches(&c, &committed)?;
                 let (before, after) = (db.stats(), c.stats());
@@ -266,9 +266,9 @@ fn run(steps: Vec<Step>, dir: &Path) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
     #[test]
-    fn pager_matches_btreemap(steps in prop::collection::vec(step(), 1..60)) {
+    fn pager_matches_btreemap(steps in prop::collection::vec(step(), 1..60), fill in prop::sample::select(vec![0.1, 0.5, 0.9, 1.0])) {
         let dir = tempfile::tempdir().unwrap();
-        run(steps, dir.path())?;
+        run(steps, dir.path(), fill)?;
     }
 }
 
@@ -276,7 +276,6 @@ proptest! {
 #[test]
 fn deep_trees_and_many_commits() {
     for kind in [FreelistKind::Array, FreelistKind::Hashmap] {
-        let dir = tempfile::tempdir().unwrap();
         let mut steps = vec![Step::Txn(
             vec![Edit::CreateBucket(0), Edit::CreateBucket(1)],
             End::Commit,
@@ -312,7 +311,10 @@ fn deep_trees_and_many_commits() {
             array: kind == FreelistKind::Array,
         });
         steps.push(Step::Compact);
-        run(steps, dir.path()).unwrap();
+        for fill in [0.5, 1.0] {
+            let dir = tempfile::tempdir().unwrap();
+            run(steps.clone(), dir.path(), fill).unwrap();
+        }
     }
 }
 

@@ -154,18 +154,14 @@ impl Editor {
         let mut cur = idx;
         while self.arena[cur].size > self.page_size {
             let n = &self.arena[cur];
-            // Keep at least one entry on each side; cut where the left part reaches the fill.
-            let mut size = HEADER;
+            // The left part keeps entries `..at` while they fit the fill (at least one, so it
+            // stays within a page: an entry is at most a quarter page), the right at least one.
+            let mut size = HEADER + n.entry_size(0);
             let mut at = 1;
-            while at < n.len() - 1 {
-                let next = size + n.entry_size(at - 1);
-                if next > self.split_at {
-                    break;
-                }
-                size = next;
+            while at < n.len() - 1 && size + n.entry_size(at) <= self.split_at {
+                size += n.entry_size(at);
                 at += 1;
             }
-            let at = at.max(1).min(n.len() - 1);
             let right = self.arena[cur].split_off(at);
             self.arena.push(right);
             cur = self.arena.len() - 1;
