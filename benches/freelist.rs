@@ -17,7 +17,8 @@
 
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use pager::freelist::{self, FreeSet, FreelistKind, Run};
 use pager::PageId;
 use rand::{Rng, SeedableRng};
@@ -63,11 +64,17 @@ fn set_of(kind: FreelistKind, runs: &[Run]) -> Box<dyn FreeSet> {
     s
 }
 
-fn allocate(c: &mut Criterion) {
-    let mut g = c.benchmark_group("freelist_allocate");
+/// Both groups: 20 samples, 2 s each — the array at a million pages takes milliseconds an iteration.
+fn group<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, WallTime> {
+    let mut g = c.benchmark_group(name);
     g.sample_size(20)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
+    g
+}
+
+fn allocate(c: &mut Criterion) {
+    let mut g = group(c, "freelist_allocate");
     for n in SIZES {
         let (free, _) = fragmented(n, 0);
         for (name, kind) in KINDS {
@@ -90,10 +97,7 @@ fn allocate(c: &mut Criterion) {
 }
 
 fn release(c: &mut Criterion) {
-    let mut g = c.benchmark_group("freelist_release");
-    g.sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+    let mut g = group(c, "freelist_release");
     for n in SIZES {
         let (free, pending) = fragmented(n, 16);
         assert_eq!(pending.len(), 16);

@@ -227,7 +227,7 @@ impl Db {
     /// The longest key this database accepts: a quarter page less the leaf's bookkeeping
     /// (990 bytes with 4096-byte pages), so that every leaf and branch holds at least four entries.
     pub fn max_key_len(&self) -> usize {
-        max_entry(self.shared.page_size) - LEAF_ELEM - OVERFLOW_REF
+        max_key_len(self.shared.page_size)
     }
 
     /// Starts a read transaction on the newest commit. Never waits for the writer.
@@ -249,6 +249,11 @@ impl Db {
     pub fn close(self) -> Result<()> {
         self.sync()
     }
+}
+
+/// The longest key for `page_size`: the largest entry less a leaf element and an overflow reference.
+pub(crate) fn max_key_len(page_size: usize) -> usize {
+    max_entry(page_size) - LEAF_ELEM - OVERFLOW_REF
 }
 
 /// The largest leaf or branch entry: a quarter of what a page holds after its header.

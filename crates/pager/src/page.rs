@@ -298,11 +298,11 @@ impl<'a> NodePage<'a> {
     }
 
     pub fn child(&self, i: usize) -> PageId {
-        PageId(get_u64(self.buf, HEADER + i * BRANCH_ELEM + E_CHILD))
+        PageId(get_u64(self.buf, self.elem(i) + E_CHILD))
     }
 
     pub fn value(&self, i: usize) -> Result<RawVal<'a>, Bad> {
-        let e = HEADER + i * LEAF_ELEM;
+        let e = self.elem(i);
         let pos = get_u32(self.buf, e + E_POS) as usize + get_u16(self.buf, e + E_KLEN) as usize;
         let flags = self.buf[e + E_FLAGS];
         let vlen = get_u32(self.buf, e + E_VLEN) as usize;

@@ -13,7 +13,7 @@ use crate::db::{self, max_entry, Shared, Writer, MAX_VALUE_LEN};
 use crate::error::{name_str, Error, Result};
 use crate::freelist::{self, Freelist, Run};
 use crate::meta::Meta;
-use crate::page::{self, PageId, TxId, LEAF_ELEM, OVERFLOW_REF};
+use crate::page::{self, PageId, TxId, LEAF_ELEM};
 
 /// Looks up a bucket's root in the root tree.
 fn bucket_root(tree: &Tree<'_>, name: &[u8]) -> Result<Option<PageId>> {
@@ -232,7 +232,7 @@ fn check_key(key: &[u8], page_size: usize) -> Result<()> {
     if key.is_empty() {
         return Err(Error::EmptyKey);
     }
-    let max = max_entry(page_size) - LEAF_ELEM - OVERFLOW_REF;
+    let max = db::max_key_len(page_size);
     if key.len() > max {
         return Err(Error::KeyTooLarge {
             len: key.len(),

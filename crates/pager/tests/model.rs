@@ -360,9 +360,13 @@ fn repeated_overwrites_in_one_transaction() {
     let db = Db::open(dir.path().join("db"), Options::default()).unwrap();
     let mut w = db.begin_write().unwrap();
     let mut b = w.create_bucket(b"b").unwrap();
+    // The value `round` writes to key `k`: its size varies, so replaced bytes never fit in place.
+    let value = |round: u32, k: u8| {
+        vec![(round % 251) as u8; 100 + (round as usize * 13 + k as usize) % 800]
+    };
     for round in 0..5_000u32 {
         for k in 0..4u8 {
-            let v = vec![(round % 251) as u8; 100 + (round as usize * 13 + k as usize) % 800];
+            let v = value(round, k);
             b.put(&[k], &v).unwrap();
             assert_eq!(b.get(&[k]).unwrap(), Some(&v[..]));
         }
@@ -372,7 +376,7 @@ fn repeated_overwrites_in_one_transaction() {
     let r = db.begin_read().unwrap();
     let b = r.bucket(b"b").unwrap();
     for k in 0..4u8 {
-        let want = vec![(4_999 % 251) as u8; 100 + (4_999 * 13 + k as usize) % 800];
+        let want = value(4_999, k);
         assert_eq!(b.get(&[k]).unwrap(), Some(&want[..]));
     }
 }
