@@ -1,0 +1,21 @@
+//! Compiles `proto/` into Rust with protox (a pure-Rust protobuf compiler) and tonic-prost-build.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = [
+        "etcd/api/mvccpb/kv.proto",
+        "etcd/api/authpb/auth.proto",
+        "etcd/api/etcdserverpb/rpc.proto",
+    ];
+    for file in &files {
+        println!("cargo:rerun-if-changed={}", root.join(file).display());
+    }
+    let descriptors = protox::compile(files, [&root])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

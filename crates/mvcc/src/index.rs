@@ -1,0 +1,444 @@
+//! The in-memory index: key → generations of revisions (etcd's `keyIndex`).
+//!
+//! A generation is one life of a key, from the put that created it to the delete (tombstone)
+//! that ended it. The index answers "which revision of this key is visible at revision r" without
+//! touching the disk; values are then read from the `key` bucket by revision.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Bound;
+
+use crate::revision::Rev;
+
+/// One life of a key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Generation {
+    /// Number of writes in this generation, including any compacted away.
+    ver: i64,
+    /// Revision of the put that started the generation.
+    created: Rev,
+    /// Revisions of the writes still in the index; a non-last generation ends with its tombstone.
+    revs: Vec<Rev>,
+}
+
+/// The revisions of one key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeyIndex {
+    gens: Vec<Generation>,
+}
+
+/// What the index knows of one key at one revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Visible {
+    pub modified: Rev,
+    pub created: Rev,
+    pub version: i64,
+}
+
+impl KeyIndex {
+    fn is_empty(&self) -> bool {
+        self.gens.len() == 1 && self.gens[0].revs.is_empty()
+    }
+
+    fn put(&mut self, rev: Rev) {
+        if self.gens.is_empty() {
+            self.gens.push(Generation::default());
+        }
+        let g = self.gens.last_mut().expect("a generation exists");
+        if g.revs.is_empty() {
+            g.created = rev;
+        }
+        g.revs.push(rev);
+        g.ver += 1;
+    }
+
+    /// Ends the current generation at `rev`; false if the key is not live.
+    fn tombstone(&mut self, rev: Rev) -> bool {
+        match self.gens.last() {
+            Some(g) if !g.revs.is_empty() => {}
+            _ => return false,
+        }
+        self.put(rev);
+        self.gens.push(Generation::default());
+        true
+    }
+
+    /// The generation holding the key's version visible at `at`, if the key is live then.
+    fn find_generation(&self, at: i64) -> Option<&Generation> {
+        let last = self.gens.len().checked_sub(1)?;
+        for (i, g) in self.gens.iter().enumerate().rev() {
+            let Some(first) = g.revs.first() else {
+                continue;
+            };
+            if i != last {
+                let tomb = g.revs.last().expect("non-empty").main;
+                if tomb <= at {
+                    return None;
+                }
+            }
+            if first.main <= at {
+                return Some(g);
+            }
+        }
+        None
+    }
+
+    fn get(&self, at: i64) -> Option<Visible> {
+        let g = self.find_generation(at)?;
+        let n = g.revs.iter().rposition(|r| r.main <= at)?;
+        Some(Visible {
+            modified: g.revs[n],
+            created: g.created,
+            version: g.ver - (g.revs.len() - n - 1) as i64,
+        })
+    }
+
+    /// etcd's doCompact: the first generation that still matters at `at` and the index in it of
+    /// the newest revision <= `at` (recorded in `keep`), if any.
+    fn do_compact(&self, at: i64, keep: &mut HashSet<Rev>) -> (usize, Option<usize>) {
+        let mut gi = 0;
+        while gi + 1 < self.gens.len() {
+            let tomb = self.gens[gi].revs.last().map_or(i64::MAX, |r| r.main);
+            if tomb >= at {
+                break;
+            }
+            gi += 1;
+        }
+        let ri = self.gens[gi].revs.iter().rposition(|r| r.main <= at);
+        if let Some(ri) = ri {
+            keep.insert(self.gens[gi].revs[ri]);
+        }
+        (gi, ri)
+    }
+
+    fn compact(&mut self, at: i64, keep: &mut HashSet<Rev>) {
+        let (gi, ri) = self.do_compact(at, keep);
+        if let Some(ri) = ri {
+            self.gens[gi].revs.drain(..ri);
+        }
+        self.gens.drain(..gi);
+    }
+
+    /// The revisions compaction at `at` would keep, minus a tombstone that ends its generation
+    /// (etcd's `keep`, used by the hash so members that did or did not delete it agree).
+    fn keep(&self, at: i64, keep: &mut HashSet<Rev>) {
+        if self.is_empty() {
+            return;
+        }
+        let (gi, ri) = self.do_compact(at, keep);
+        let g = &self.gens[gi];
+        if let Some(ri) = ri {
+            if ri == g.revs.len() - 1 && gi != self.gens.len() - 1 {
+                keep.remove(&g.revs[ri]);
+            }
+        }
+    }
+}
+
+type Bounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
+/// Which keys a request covers, from its `key` and `range_end` (etcd's conventions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRange<'a> {
+    /// `range_end` empty: the one key.
+    One(&'a [u8]),
+    /// `range_end` = `"\0"`: every key >= key.
+    From(&'a [u8]),
+    /// `[key, range_end)`; empty when range_end <= key.
+    Between(&'a [u8], &'a [u8]),
+}
+
+impl<'a> KeyRange<'a> {
+    pub fn new(key: &'a [u8], range_end: &'a [u8]) -> KeyRange<'a> {
+        match range_end {
+            [] => KeyRange::One(key),
+            [0] => KeyRange::From(key),
+            end => KeyRange::Between(key, end),
+        }
+    }
+
+    pub fn contains(&self, k: &[u8]) -> bool {
+        match *self {
+            KeyRange::One(key) => k == key,
+            KeyRange::From(key) => k >= key,
+            KeyRange::Between(key, end) => k >= key && k < end,
+        }
+    }
+
+    fn bounds(&self) -> Option<Bounds<'a>> {
+        match *self {
+            KeyRange::One(key) => Some((Bound::Included(key), Bound::Included(key))),
+            KeyRange::From(key) => Some((Bound::Included(key), Bound::Unbounded)),
+            KeyRange::Between(key, end) if key < end => {
+                Some((Bound::Included(key), Bound::Excluded(end)))
+            }
+            KeyRange::Between(..) => None,
+        }
+    }
+}
+
+/// The index of every key. `compacted` is the compaction revision it answers for: reads below it
+/// must fail, since the revisions they need may be gone.
+#[derive(Debug, Default)]
+pub struct Index {
+    tree: BTreeMap<Vec<u8>, KeyIndex>,
+    compacted: i64,
+}
+
+impl Index {
+    pub fn new() -> Index {
+        Index {
+            tree: BTreeMap::new(),
+            compacted: -1,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    pub fn compacted(&self) -> i64 {
+        self.compacted
+    }
+
+    pub fn set_compacted(&mut self, rev: i64) {
+        self.compacted = self.compacted.max(rev);
+    }
+
+    pub fn get(&self, key: &[u8], at: i64) -> Option<Visible> {
+        self.tree.get(key)?.get(at)
+    }
+
+    pub fn put(&mut self, key: &[u8], rev: Rev) {
+        self.put_after(key, rev, rev.main);
+    }
+
+    /// Records a put of `key` at `rev` and returns what was visible at `at` before it, in one
+    /// lookup.
+    pub fn put_after(&mut self, key: &[u8], rev: Rev, at: i64) -> Option<Visible> {
+        match self.tree.get_mut(key) {
+            Some(ki) => {
+                let prev = ki.get(at);
+                ki.put(rev);
+                prev
+            }
+            None => {
+                let mut ki = KeyIndex::default();
+                ki.put(rev);
+                self.tree.insert(key.to_vec(), ki);
+                None
+            }
+        }
+    }
+
+    /// Marks `key` deleted at `rev`; false if it was not live.
+    pub fn tombstone(&mut self, key: &[u8], rev: Rev) -> bool {
+        self.tree.get_mut(key).is_some_and(|ki| ki.tombstone(rev))
+    }
+
+    /// Rebuild: a put found in the `key` bucket. The first one seen for a key may follow a
+    /// compaction, so it takes the stored create revision and version.
+    pub fn restore_put(&mut self, key: &[u8], rev: Rev, created: i64, version: i64) {
+        match self.tree.get_mut(key) {
+            Some(ki) if !ki.gens.is_empty() => ki.put(rev),
+            _ => {
+                let g = Generation {
+                    ver: version,
+                    created: Rev::new(created, 0),
+                    revs: vec![rev],
+                };
+                self.tree.insert(key.to_vec(), KeyIndex { gens: vec![g] });
+            }
+        }
+    }
+
+    /// Rebuild: a tombstone found in the `key` bucket.
+    pub fn restore_tombstone(&mut self, key: &[u8], rev: Rev) {
+        match self.tree.get_mut(key) {
+            Some(ki) if !ki.gens.is_empty() => {
+                if !ki.tombstone(rev) {
+                    // A tombstone whose put was compacted away: the generation is just it.
+                    ki.gens.pop();
+                    ki.gens.push(Generation {
+                        ver: 1,
+                        created: Rev::default(),
+                        revs: vec![rev],
+                    });
+                    ki.gens.push(Generation::default());
+                }
+            }
+            _ => {
+                let g = Generation {
+                    ver: 1,
+                    created: Rev::default(),
+                    revs: vec![rev],
+                };
+                self.tree.insert(
+                    key.to_vec(),
+                    KeyIndex {
+                        gens: vec![g, Generation::default()],
+                    },
+                );
+            }
+        }
+    }
+
+    /// Calls `f(key, visible)` for each key in `range` live at `at`, in key order, until it
+    /// returns false.
+    pub fn visit(&self, range: KeyRange<'_>, at: i64, mut f: impl FnMut(&[u8], Visible) -> bool) {
+        let Some(bounds) = range.bounds() else { return };
+        for (k, ki) in self.tree.range::<[u8], _>(bounds) {
+            if let Some(v) = ki.get(at) {
+                if !f(k, v) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Number of keys in `range` live at `at`.
+    pub fn count(&self, range: KeyRange<'_>, at: i64) -> usize {
+        let mut n = 0;
+        self.visit(range, at, |_, _| {
+            n += 1;
+            true
+        });
+        n
+    }
+
+    /// Compacts the keys from `from` (inclusive) on, at most `max_keys` of them, recording the
+    /// revisions to keep. Returns the key to continue from, or None when done.
+    pub fn compact_chunk(
+        &mut self,
+        at: i64,
+        from: &[u8],
+        max_keys: usize,
+        keep: &mut HashSet<Rev>,
+    ) -> Option<Vec<u8>> {
+        let mut emptied = Vec::new();
+        let mut next = None;
+        for (n, (k, ki)) in self
+            .tree
+            .range_mut::<[u8], _>((Bound::Included(from), Bound::Unbounded))
+            .enumerate()
+        {
+            if n == max_keys {
+                next = Some(k.clone());
+                break;
+            }
+            ki.compact(at, keep);
+            if ki.is_empty() {
+                emptied.push(k.clone());
+            }
+        }
+        for k in emptied {
+            self.tree.remove(&k);
+        }
+        next
+    }
+
+    /// The revisions a compaction at `at` keeps, for the hash (etcd's `Keep`).
+    pub fn keep(&self, at: i64) -> HashSet<Rev> {
+        let mut keep = HashSet::new();
+        for ki in self.tree.values() {
+            ki.keep(at, &mut keep);
+        }
+        keep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(main: i64) -> Rev {
+        Rev::new(main, 0)
+    }
+
+    fn vis(modified: i64, created: i64, version: i64) -> Option<Visible> {
+        Some(Visible {
+            modified: r(modified),
+            created: r(created),
+            version,
+        })
+    }
+
+    #[test]
+    fn generations_versions_and_tombstones() {
+        let mut ix = Index::new();
+        ix.put(b"a", r(2));
+        ix.put(b"a", r(3));
+        assert!(ix.tombstone(b"a", r(4)));
+        assert!(
+            !ix.tombstone(b"a", r(5)),
+            "a deleted key cannot be deleted again"
+        );
+        ix.put(b"a", r(6));
+        assert_eq!(ix.get(b"a", 1), None);
+        assert_eq!(ix.get(b"a", 2), vis(2, 2, 1));
+        assert_eq!(ix.get(b"a", 3), vis(3, 2, 2));
+        assert_eq!(ix.get(b"a", 4), None);
+        assert_eq!(ix.get(b"a", 5), None);
+        assert_eq!(ix.get(b"a", 6), vis(6, 6, 1));
+    }
+
+    #[test]
+    fn compaction_keeps_the_newest_revision_at_or_below() {
+        let mut ix = Index::new();
+        ix.put(b"a", r(2));
+        ix.put(b"a", r(3));
+        ix.put(b"b", r(4));
+        assert!(ix.tombstone(b"b", r(5)));
+        ix.put(b"a", r(6));
+        let mut keep = HashSet::new();
+        assert_eq!(ix.compact_chunk(5, b"", usize::MAX, &mut keep), None);
+        // a: 3 is the newest <= 5; b's tombstone at 5 is kept (etcd 3.6 keeps it).
+        assert_eq!(keep, HashSet::from([r(3), r(5)]));
+        assert_eq!(ix.get(b"a", 5).map(|v| v.version), Some(2));
+        assert_eq!(ix.get(b"a", 6).map(|v| v.version), Some(3));
+        assert_eq!(ix.get(b"b", 5), None);
+        assert_eq!(ix.len(), 2);
+        // Compacting past the tombstone drops the key.
+        let mut keep = HashSet::new();
+        ix.compact_chunk(6, b"", usize::MAX, &mut keep);
+        assert_eq!(keep, HashSet::from([r(6)]));
+        assert_eq!(ix.len(), 1);
+        // The hash's keep leaves out a tombstone that ends its generation.
+        let mut ix = Index::new();
+        ix.put(b"b", r(4));
+        assert!(ix.tombstone(b"b", r(5)));
+        assert!(ix.keep(5).is_empty());
+    }
+
+    #[test]
+    fn ranges_follow_etcd_conventions() {
+        let mut ix = Index::new();
+        for (i, k) in [&b"a"[..], b"b", b"c"].iter().enumerate() {
+            ix.put(k, r(i as i64 + 2));
+        }
+        let keys = |range| {
+            let mut v = Vec::new();
+            ix.visit(range, 10, |k, _| {
+                v.push(k.to_vec());
+                true
+            });
+            v
+        };
+        assert_eq!(keys(KeyRange::new(b"b", b"")), vec![b"b".to_vec()]);
+        assert_eq!(
+            keys(KeyRange::new(b"b", b"\0")),
+            vec![b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            keys(KeyRange::new(b"a", b"c")),
+            vec![b"a".to_vec(), b"b".to_vec()]
+        );
+        assert!(keys(KeyRange::new(b"c", b"a")).is_empty());
+        assert!(keys(KeyRange::new(b"b", b"b")).is_empty());
+        assert_eq!(ix.count(KeyRange::new(b"\0", b"\0"), 10), 3);
+        assert_eq!(ix.count(KeyRange::new(b"\0", b"\0"), 3), 2);
+    }
+}

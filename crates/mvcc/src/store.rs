@@ -1,0 +1,896 @@
+//! The store: the index, the pager file, the write path and consistent read views.
+//!
+//! Writes never wait on the disk. Each write transaction gets its revision, updates the index
+//! and appends its entries (revision key → encoded `KeyValue`) to the *pending* batch, which
+//! readers see at once. A flush moves the pending batch into the pager in one commit, together
+//! with the applied consensus index it covers. The flush thread runs it when the batch is full
+//! and on an interval; [`Store::flush`] and close run it too. Flushes hold their own lock, not
+//! the writers', so an fsync never stalls a write — etcd's batched backend without its pause.
+//! Only when the disk falls several batches behind do writers flush themselves (backpressure).
+//!
+//! A reader takes (current revision, pending batches, pager snapshot) under one lock; a pending
+//! batch leaves that list only after the commit holding it is published, so every revision a
+//! reader may need is in one of the two.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use prost::Message;
+
+use api::mvccpb::KeyValue;
+
+use crate::error::{Error, Result};
+use crate::index::{Index, KeyRange};
+use crate::lease::{Lease, Lessor};
+use crate::revision::Rev;
+
+pub(crate) const KEY_BUCKET: &[u8] = b"key";
+pub(crate) const META_BUCKET: &[u8] = b"meta";
+pub(crate) const LEASE_BUCKET: &[u8] = b"lease";
+const CONSISTENT_INDEX: &[u8] = b"consistent_index";
+const TERM: &[u8] = b"term";
+const SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
+const FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
+/// Keys whose index entries one compaction step prunes.
+const INDEX_COMPACT_CHUNK: usize = 10_000;
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// The pager's free-set algorithm.
+    pub freelist: pager::FreelistKind,
+    /// Flush once this many entries are pending (etcd's `--backend-batch-limit`, 10,000).
+    pub batch_limit: usize,
+    /// Flush pending entries at least this often (etcd's `--backend-batch-interval`, 100 ms).
+    pub batch_interval: Duration,
+    /// Whether a flush fsyncs (true) or only publishes, leaving durability to [`Store::sync`]
+    /// (what a server whose WAL already holds the entries wants).
+    pub durable_flush: bool,
+    /// Revisions one physical compaction step deletes (etcd's compaction batch limit, 1000).
+    pub compaction_batch: usize,
+    /// Pause between physical compaction steps (etcd's compaction sleep interval, 10 ms).
+    pub compaction_sleep: Duration,
+    /// The smallest lease TTL in seconds (etcd: 1.5 election timeouts rounded up; 2 with the
+    /// default 1 s election timeout).
+    pub min_lease_ttl: i64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            freelist: pager::FreelistKind::default(),
+            batch_limit: 10_000,
+            batch_interval: Duration::from_millis(100),
+            durable_flush: true,
+            compaction_batch: 1000,
+            compaction_sleep: Duration::from_millis(10),
+            min_lease_ttl: 2,
+        }
+    }
+}
+
+/// The consensus position the stored data covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Applied {
+    pub index: u64,
+    pub term: u64,
+}
+
+/// Entries written since the last flush, in revision order. All values share one buffer, so a
+/// batch costs a few allocations, not one per write.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    entries: RwLock<PendingData>,
+}
+
+#[derive(Debug, Default)]
+struct PendingData {
+    /// The encoded values, back to back.
+    data: Vec<u8>,
+    /// (revision, tombstone, end of its value in `data`); a value starts where the previous ends.
+    revs: Vec<(Rev, bool, usize)>,
+}
+
+impl PendingData {
+    fn value(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.revs[i - 1].2 };
+        &self.data[start..self.revs[i].2]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Rev, bool, &[u8])> {
+        self.revs
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, t, _))| (r, t, self.value(i)))
+    }
+}
+
+impl Pending {
+    /// The stored bytes of revision `rev` (not a tombstone), if this batch has it.
+    fn with<T>(&self, rev: Rev, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let e = self.entries.read();
+        let (first, last) = (e.revs.first()?.0, e.revs.last()?.0);
+        if rev < first || rev > last {
+            return None;
+        }
+        let i = e.revs.binary_search_by(|(r, _, _)| r.cmp(&rev)).ok()?;
+        Some(f(e.value(i)))
+    }
+}
+
+/// What readers start from.
+#[derive(Debug)]
+struct View {
+    rev: i64,
+    /// Pending batches not yet in the pager snapshot a new reader gets; the last is the one
+    /// writers append to.
+    pendings: Vec<Arc<Pending>>,
+}
+
+/// A compaction whose physical part is under way.
+#[derive(Debug)]
+struct CompactJob {
+    target: i64,
+    keep: HashSet<Rev>,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Pruning the index from this key on.
+    Index(Vec<u8>),
+    /// Deleting unkept revisions <= target from this revision key on.
+    Delete(Vec<u8>),
+}
+
+/// The writers' state, behind the writer lock.
+#[derive(Debug)]
+pub(crate) struct WriteState {
+    pub(crate) rev: i64,
+    /// The compaction revision (etcd's compactMainRev; -1 before any).
+    pub(crate) compacted: i64,
+    pending: Arc<Pending>,
+    pending_len: usize,
+    applied: Applied,
+    /// A compaction scheduled since the last flush.
+    new_compaction: Option<i64>,
+    failed: Option<String>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: pager::Db,
+    pub(crate) path: PathBuf,
+    pub(crate) opts: StoreOptions,
+    pub(crate) index: RwLock<Index>,
+    state: Mutex<WriteState>,
+    /// Leases; taken after `state` when both are needed.
+    pub(crate) lessor: Mutex<Lessor>,
+    view: RwLock<View>,
+    /// Held by the one flush in progress; owns the compaction job.
+    flushing: Mutex<Option<CompactJob>>,
+    /// The revision the last finished compaction reached, and a condvar for waiters.
+    finished: (Mutex<i64>, Condvar),
+    /// Wakes the flush thread: (stop requested, flush requested).
+    wake: (Mutex<(bool, bool)>, Condvar),
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An mvcc store on one pager file.
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+/// The result of a range read at one revision (etcd's `RangeResult`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RangeResult {
+    pub kvs: Vec<KeyValue>,
+    /// Keys in the range at the read revision, ignoring the limit.
+    pub count: i64,
+    /// The revision of the view the read ran in.
+    pub rev: i64,
+}
+
+/// Options of a range read.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RangeOptions {
+    /// At most this many keys (0 = all).
+    pub limit: i64,
+    /// Read at this revision (<= 0 = the view's).
+    pub rev: i64,
+    /// Count only.
+    pub count: bool,
+}
+
+fn corrupt(path: &Path, reason: String) -> Error {
+    Error::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+fn be_i64(v: &[u8]) -> Option<i64> {
+    Some(i64::from_be_bytes(v.try_into().ok()?))
+}
+
+impl Store {
+    /// Opens (or creates) the store in the pager file at `path`, rebuilding the index from it.
+    pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        let db = pager::Db::open(
+            &path,
+            pager::Options {
+                freelist: opts.freelist,
+                fill_percent: 0.9,
+                ..Default::default()
+            },
+        )?;
+        {
+            let mut tx = db.begin_write()?;
+            for b in [KEY_BUCKET, META_BUCKET, LEASE_BUCKET] {
+                tx.create_bucket_if_missing(b)?;
+            }
+            tx.commit()?;
+        }
+        let (mut index, rev, finished, scheduled, applied, mut lessor) = restore(&db, &path)?;
+        lessor.min_ttl = opts.min_lease_ttl;
+        let pending = Arc::new(Pending::default());
+        // A compaction scheduled but not finished resumes: logically at once, physically in
+        // the background.
+        let first_job = (scheduled > finished).then_some(scheduled);
+        let compacted = finished.max(scheduled);
+        index.set_compacted(compacted);
+        let inner = Arc::new(Inner {
+            db,
+            path,
+            index: RwLock::new(index),
+            lessor: Mutex::new(lessor),
+            state: Mutex::new(WriteState {
+                rev,
+                compacted,
+                pending: pending.clone(),
+                pending_len: 0,
+                applied,
+                new_compaction: None,
+                failed: None,
+            }),
+            view: RwLock::new(View {
+                rev,
+                pendings: vec![pending],
+            }),
+            flushing: Mutex::new(first_job.map(CompactJob::new)),
+            finished: (Mutex::new(finished), Condvar::new()),
+            wake: (Mutex::new((false, false)), Condvar::new()),
+            opts,
+        });
+        if first_job.is_some() {
+            tracing::info!(path = %inner.path.display(), revision = scheduled, "resuming an interrupted compaction");
+        }
+        let weak = Arc::downgrade(&inner);
+        let flusher = std::thread::Builder::new()
+            .name("mvcc-flush".into())
+            .spawn(move || flush_loop(weak))
+            .map_err(|e| {
+                Error::Storage(pager::Error::Io {
+                    op: "spawn the flush thread",
+                    path: inner.path.clone(),
+                    source: e,
+                })
+            })?;
+        Ok(Store {
+            inner,
+            flusher: Some(flusher),
+        })
+    }
+
+    /// The current revision.
+    pub fn rev(&self) -> i64 {
+        self.inner.view.read().rev
+    }
+
+    /// The compaction revision (-1 before any compaction).
+    pub fn compacted(&self) -> i64 {
+        self.inner.state.lock().compacted
+    }
+
+    /// The consensus position the applied writes reach.
+    pub fn applied(&self) -> Applied {
+        self.inner.state.lock().applied
+    }
+
+    /// The pager file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The pager database (stats, size, snapshots).
+    pub fn db(&self) -> &pager::Db {
+        &self.inner.db
+    }
+
+    /// A consistent read view at the current revision.
+    pub fn read(&self) -> Result<Snapshot> {
+        self.inner.snapshot()
+    }
+
+    /// The writer: one at a time; each of its operations is one etcd write transaction.
+    pub fn write(&self) -> Result<Writer<'_>> {
+        let st = self.inner.state.lock();
+        if let Some(f) = &st.failed {
+            return Err(Error::Stopped(f.clone()));
+        }
+        Ok(Writer {
+            store: self,
+            st: Some(st),
+        })
+    }
+
+    /// Moves pending writes into the pager now (durably if the store flushes durably).
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    /// Flushes and fsyncs: everything written so far survives a crash.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.flush()?;
+        self.inner.db.sync()?;
+        Ok(())
+    }
+
+    /// Blocks until the physical compaction at `rev` (or a later one) has finished.
+    pub fn wait_compaction(&self, rev: i64) -> Result<()> {
+        let (m, cv) = &self.inner.finished;
+        let mut done = m.lock();
+        while *done < rev {
+            if let Some(f) = &self.inner.state.lock().failed {
+                return Err(Error::Stopped(f.clone()));
+            }
+            cv.wait_for(&mut done, Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Flushes durably and stops the background flusher.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let Some(h) = self.flusher.take() else {
+            return Ok(());
+        };
+        {
+            let (m, cv) = &self.inner.wake;
+            m.lock().0 = true;
+            cv.notify_all();
+        }
+        let _ = h.join();
+        self.inner.flush()?;
+        self.inner.db.sync()?;
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(path = %self.inner.path.display(), error = %e, "closing the store failed");
+        }
+    }
+}
+
+fn flush_loop(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let wait = if inner.flushing.lock().is_some() {
+            inner.opts.compaction_sleep
+        } else {
+            inner.opts.batch_interval
+        };
+        {
+            let (m, cv) = &inner.wake;
+            let mut wake = m.lock();
+            if !wake.0 && !wake.1 {
+                cv.wait_for(&mut wake, wait);
+            }
+            if wake.0 {
+                return;
+            }
+            wake.1 = false;
+        }
+        if let Err(e) = inner.flush() {
+            tracing::error!(path = %inner.path.display(), error = %e, "background flush failed");
+        }
+    }
+}
+
+/// Rebuilds the index from the `key` bucket; reads the meta bucket.
+#[allow(clippy::type_complexity)]
+fn restore(db: &pager::Db, path: &Path) -> Result<(Index, i64, i64, i64, Applied, Lessor)> {
+    let tx = db.begin_read()?;
+    let meta = tx.bucket(META_BUCKET)?;
+    let read_i64 = |k: &[u8]| -> Result<Option<i64>> {
+        match meta.get(k)? {
+            None => Ok(None),
+            Some(v) => be_i64(v).map(Some).ok_or_else(|| {
+                corrupt(
+                    path,
+                    format!("meta value {} is not 8 bytes", String::from_utf8_lossy(k)),
+                )
+            }),
+        }
+    };
+    let compacted = read_i64(FINISHED_COMPACT)?.unwrap_or(-1);
+    let scheduled = read_i64(SCHEDULED_COMPACT)?.unwrap_or(-1);
+    let applied = Applied {
+        index: read_i64(CONSISTENT_INDEX)?.map_or(0, |v| v as u64),
+        term: read_i64(TERM)?.map_or(0, |v| v as u64),
+    };
+    let mut lessor = Lessor::new(0);
+    for e in tx.bucket(LEASE_BUCKET)?.iter() {
+        let (k, v) = e?;
+        let id = be_i64(k)
+            .ok_or_else(|| corrupt(path, format!("lease bucket key {k:?} is not an id")))?;
+        let lease =
+            Lease::decode(v).ok_or_else(|| corrupt(path, format!("lease {id:x} is damaged")))?;
+        lessor.restore(id, lease);
+    }
+    let mut key_lease: HashMap<Vec<u8>, i64> = HashMap::new();
+    let mut index = Index::new();
+    let mut rev = 1;
+    for e in tx.bucket(KEY_BUCKET)?.iter() {
+        let (k, v) = e?;
+        let (r, tomb) = Rev::from_key(k)
+            .ok_or_else(|| corrupt(path, format!("key bucket entry {k:?} is not a revision")))?;
+        let kv = KeyValue::decode(v).map_err(|e| {
+            corrupt(
+                path,
+                format!("revision {r:?} does not hold a KeyValue: {e}"),
+            )
+        })?;
+        if tomb {
+            index.restore_tombstone(&kv.key, r);
+            key_lease.remove(&kv.key);
+        } else {
+            index.restore_put(&kv.key, r, kv.create_revision, kv.version);
+            if kv.lease != 0 {
+                key_lease.insert(kv.key, kv.lease);
+            } else {
+                key_lease.remove(&kv.key);
+            }
+        }
+        rev = r.main;
+    }
+    for (key, id) in key_lease {
+        lessor.attach(id, &key);
+    }
+    let rev = rev.max(compacted).max(scheduled);
+    Ok((index, rev, compacted, scheduled, applied, lessor))
+}
+
+impl CompactJob {
+    fn new(target: i64) -> CompactJob {
+        CompactJob {
+            target,
+            keep: HashSet::new(),
+            phase: Phase::Index(Vec::new()),
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn snapshot(self: &Arc<Self>) -> Result<Snapshot> {
+        let v = self.view.read();
+        let txn = self.db.begin_read()?;
+        let reader = Reader {
+            pendings: v.pendings.clone(),
+            txn,
+        };
+        Ok(Snapshot {
+            inner: self.clone(),
+            reader,
+            rev: v.rev,
+        })
+    }
+
+    /// Whether any watcher wants events (events are not built otherwise).
+    pub(crate) fn has_watchers(&self) -> bool {
+        false
+    }
+
+    /// A reader of everything written so far (for a write transaction's own reads).
+    pub(crate) fn reader(&self) -> Result<Reader> {
+        let v = self.view.read();
+        let txn = self.db.begin_read()?;
+        Ok(Reader {
+            pendings: v.pendings.clone(),
+            txn,
+        })
+    }
+
+    /// One flush: the pending batch, the applied index, and one step of a compaction under way.
+    fn flush(&self) -> Result<()> {
+        let mut job = self.flushing.lock();
+        let (taken, applied, new_compaction, leases) = {
+            let mut st = self.state.lock();
+            if let Some(f) = &st.failed {
+                return Err(Error::Stopped(f.clone()));
+            }
+            let leases = std::mem::take(&mut self.lessor.lock().dirty);
+            if st.pending_len == 0
+                && st.new_compaction.is_none()
+                && job.is_none()
+                && leases.is_empty()
+            {
+                return Ok(());
+            }
+            let fresh = Arc::new(Pending::default());
+            let taken = std::mem::replace(&mut st.pending, fresh.clone());
+            st.pending_len = 0;
+            self.view.write().pendings.push(fresh);
+            (taken, st.applied, st.new_compaction.take(), leases)
+        };
+        let result = self.write_flush(&taken, applied, new_compaction, &leases, &mut job);
+        match result {
+            Ok(()) => {
+                self.view
+                    .write()
+                    .pendings
+                    .retain(|p| !Arc::ptr_eq(p, &taken));
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("flush to {} failed: {e}", self.path.display());
+                tracing::error!("{msg}");
+                self.state.lock().failed = Some(msg);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_flush(
+        &self,
+        taken: &Pending,
+        applied: Applied,
+        new_compaction: Option<i64>,
+        leases: &std::collections::BTreeMap<i64, Option<[u8; 16]>>,
+        job: &mut Option<CompactJob>,
+    ) -> Result<()> {
+        let mut tx = self.db.begin_write()?;
+        if !leases.is_empty() {
+            let mut b = tx.bucket(LEASE_BUCKET)?;
+            for (id, v) in leases {
+                match v {
+                    Some(v) => b.put(&id.to_be_bytes(), v)?,
+                    None => {
+                        b.delete(&id.to_be_bytes())?;
+                    }
+                }
+            }
+        }
+        {
+            let mut keys = tx.bucket(KEY_BUCKET)?;
+            for (rev, tomb, v) in taken.entries.read().iter() {
+                keys.put(rev.to_key(tomb).as_bytes(), v)?;
+            }
+        }
+        {
+            let mut meta = tx.bucket(META_BUCKET)?;
+            meta.put(CONSISTENT_INDEX, &(applied.index as i64).to_be_bytes())?;
+            meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
+            if let Some(t) = new_compaction {
+                meta.put(SCHEDULED_COMPACT, &t.to_be_bytes())?;
+                *job = Some(CompactJob::new(t));
+            }
+        }
+        let mut finished = None;
+        if let Some(j) = job.as_mut() {
+            if self.compact_step(j, &mut tx)? {
+                tx.bucket(META_BUCKET)?
+                    .put(FINISHED_COMPACT, &j.target.to_be_bytes())?;
+                finished = Some(j.target);
+            }
+        }
+        if self.opts.durable_flush {
+            tx.commit()?;
+        } else {
+            tx.commit_nosync()?;
+        }
+        if let Some(t) = finished {
+            *job = None;
+            tracing::info!(path = %self.path.display(), revision = t, "finished scheduled compaction");
+            let (m, cv) = &self.finished;
+            *m.lock() = t;
+            cv.notify_all();
+        }
+        Ok(())
+    }
+
+    /// One bounded step of a compaction; true when it is complete.
+    fn compact_step(&self, j: &mut CompactJob, tx: &mut pager::WriteTxn<'_>) -> Result<bool> {
+        match &mut j.phase {
+            Phase::Index(from) => {
+                let next = self.index.write().compact_chunk(
+                    j.target,
+                    from,
+                    INDEX_COMPACT_CHUNK,
+                    &mut j.keep,
+                );
+                j.phase = match next {
+                    Some(k) => Phase::Index(k),
+                    None => Phase::Delete(Rev::new(0, 0).to_key(false).as_bytes().to_vec()),
+                };
+                Ok(false)
+            }
+            Phase::Delete(from) => {
+                let end = Rev::new(j.target + 1, 0).to_key(false);
+                let mut keys = tx.bucket(KEY_BUCKET)?;
+                let mut doomed = Vec::new();
+                let mut last = None;
+                for (seen, e) in keys.range(from.as_slice()..end.as_bytes()).enumerate() {
+                    let (k, _) = e?;
+                    if seen == self.opts.compaction_batch {
+                        last = Some(k.to_vec());
+                        break;
+                    }
+                    let (r, _) = Rev::from_key(k).ok_or_else(|| {
+                        corrupt(
+                            &self.path,
+                            format!("key bucket entry {k:?} is not a revision"),
+                        )
+                    })?;
+                    if !j.keep.contains(&r) {
+                        doomed.push(k.to_vec());
+                    }
+                }
+                for k in &doomed {
+                    keys.delete(k)?;
+                }
+                match last {
+                    Some(k) => {
+                        j.phase = Phase::Delete(k);
+                        Ok(false)
+                    }
+                    None => Ok(true),
+                }
+            }
+        }
+    }
+}
+
+/// Reads stored revisions: from the pending batches first, then the pager snapshot.
+pub(crate) struct Reader {
+    pendings: Vec<Arc<Pending>>,
+    txn: pager::ReadTxn,
+}
+
+impl Reader {
+    /// The `KeyValue` stored at `rev` (a live revision the index returned).
+    pub(crate) fn kv(&self, path: &Path, rev: Rev) -> Result<KeyValue> {
+        let decode = |b: &[u8]| {
+            KeyValue::decode(b).map_err(|e| corrupt(path, format!("revision {rev:?}: {e}")))
+        };
+        for p in self.pendings.iter().rev() {
+            if let Some(r) = p.with(rev, decode) {
+                return r;
+            }
+        }
+        let bucket = self.txn.bucket(KEY_BUCKET)?;
+        match bucket.get(rev.to_key(false).as_bytes())? {
+            Some(b) => decode(b),
+            None => Err(corrupt(
+                path,
+                format!("revision {rev:?} is in the index but not stored"),
+            )),
+        }
+    }
+
+    /// etcd's rangeKeys: the keys of `range` visible at `ro.rev` in a view at `cur_rev`.
+    pub(crate) fn range_keys(
+        &self,
+        inner: &Inner,
+        range: KeyRange<'_>,
+        cur_rev: i64,
+        ro: RangeOptions,
+    ) -> Result<RangeResult> {
+        if ro.rev > cur_rev {
+            return Err(Error::FutureRev);
+        }
+        let at = if ro.rev <= 0 { cur_rev } else { ro.rev };
+        let ix = inner.index.read();
+        if at < ix.compacted() {
+            return Err(Error::Compacted);
+        }
+        if ro.count {
+            let count = ix.count(range, at) as i64;
+            return Ok(RangeResult {
+                kvs: Vec::new(),
+                count,
+                rev: cur_rev,
+            });
+        }
+        let limit = if ro.limit <= 0 {
+            usize::MAX
+        } else {
+            ro.limit as usize
+        };
+        let mut revs = Vec::new();
+        let mut total = 0i64;
+        ix.visit(range, at, |_, v| {
+            if revs.len() < limit {
+                revs.push(v.modified);
+            }
+            total += 1;
+            true
+        });
+        drop(ix);
+        let kvs = revs
+            .into_iter()
+            .map(|r| self.kv(&inner.path, r))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RangeResult {
+            kvs,
+            count: total,
+            rev: cur_rev,
+        })
+    }
+
+    /// Every stored (revision key, value) in revision order: the pager's, then pending ones.
+    pub(crate) fn for_each_entry(&self, mut f: impl FnMut(&[u8], &[u8])) -> Result<()> {
+        let mut last = None;
+        for e in self.txn.bucket(KEY_BUCKET)?.iter() {
+            let (k, v) = e?;
+            f(k, v);
+            last = Rev::from_key(k).map(|(r, _)| r);
+        }
+        for p in &self.pendings {
+            for (r, tomb, v) in p.entries.read().iter() {
+                if last.is_some_and(|l| r <= l) {
+                    continue;
+                }
+                f(r.to_key(tomb).as_bytes(), v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A consistent read view at one revision; holding it pins its pager pages, not the writer.
+pub struct Snapshot {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) reader: Reader,
+    pub(crate) rev: i64,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("rev", &self.rev)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Snapshot {
+    /// The revision this view reads at.
+    pub fn rev(&self) -> i64 {
+        self.rev
+    }
+
+    /// Calls `f` with every stored revision (live, historical or tombstone) in order: what
+    /// compaction has not removed yet.
+    pub fn for_each_revision(&self, mut f: impl FnMut(Rev)) -> Result<()> {
+        self.reader.for_each_entry(|k, _| {
+            if let Some((r, _)) = Rev::from_key(k) {
+                f(r);
+            }
+        })
+    }
+}
+
+/// The writer. Dropping it flushes when the pending batch is full.
+pub struct Writer<'s> {
+    pub(crate) store: &'s Store,
+    pub(crate) st: Option<MutexGuard<'s, WriteState>>,
+}
+
+impl std::fmt::Debug for Writer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+impl Writer<'_> {
+    pub(crate) fn state(&mut self) -> &mut WriteState {
+        self.st
+            .as_mut()
+            .expect("the writer holds the state until dropped")
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.store.inner
+    }
+
+    /// Records the consensus position the writes so far cover; the next flush persists it with
+    /// them.
+    pub fn set_applied(&mut self, applied: Applied) {
+        self.state().applied = applied;
+    }
+
+    /// Appends one stored entry to the pending batch.
+    pub(crate) fn append(&mut self, rev: Rev, tombstone: bool, encode: impl FnOnce(&mut Vec<u8>)) {
+        let st = self.state();
+        let mut e = st.pending.entries.write();
+        encode(&mut e.data);
+        let end = e.data.len();
+        e.revs.push((rev, tombstone, end));
+        drop(e);
+        st.pending_len += 1;
+    }
+
+    /// Stops the store: later writes fail with `msg`.
+    pub(crate) fn fail(&mut self, msg: String) {
+        tracing::error!("{msg}");
+        self.state().failed = Some(msg);
+    }
+
+    /// Hands a finished transaction's events to the watchers.
+    pub(crate) fn notify(&mut self, events: Vec<api::mvccpb::Event>) {
+        drop(events);
+    }
+
+    /// Publishes a finished write transaction's revision to readers.
+    pub(crate) fn publish_rev(&mut self, rev: i64) {
+        self.state().rev = rev;
+        self.store.inner.view.write().rev = rev;
+    }
+
+    /// Schedules compaction at `rev`: reads below it fail from now on; the history is removed
+    /// in the background, in bounded steps.
+    pub fn compact(&mut self, rev: i64) -> Result<i64> {
+        let st = self.state();
+        if rev <= st.compacted {
+            return Err(Error::Compacted);
+        }
+        if rev > st.rev {
+            return Err(Error::FutureRev);
+        }
+        st.compacted = rev;
+        st.new_compaction = Some(rev);
+        let cur = st.rev;
+        self.store.inner.index.write().set_compacted(rev);
+        Ok(cur)
+    }
+}
+
+/// Pending entries, in batches, beyond which writers flush themselves instead of leaving it to
+/// the flush thread: backpressure when the disk cannot keep up.
+const MAX_PENDING_BATCHES: usize = 4;
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        let limit = self.store.inner.opts.batch_limit;
+        let pending = self.st.as_ref().map_or(0, |s| s.pending_len);
+        self.st = None;
+        if pending >= limit.saturating_mul(MAX_PENDING_BATCHES) {
+            if let Err(e) = self.store.inner.flush() {
+                tracing::error!(error = %e, "flush failed");
+            }
+        } else if pending >= limit {
+            let (m, cv) = &self.store.inner.wake;
+            m.lock().1 = true;
+            cv.notify_all();
+        }
+    }
+}
