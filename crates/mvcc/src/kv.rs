@@ -84,7 +84,8 @@ impl KeyValueRef<'_> {
     }
 }
 
-fn header(revision: i64) -> Option<ResponseHeader> {
+/// A response header carrying the store revision (the server fills in the rest).
+pub(crate) fn header(revision: i64) -> Option<ResponseHeader> {
     Some(ResponseHeader {
         revision,
         ..Default::default()

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{
     DeleteRangeRequest, LeaseGrantResponse, LeaseLeasesResponse, LeaseRevokeResponse, LeaseStatus,
-    LeaseTimeToLiveResponse, ResponseHeader,
+    LeaseTimeToLiveResponse,
 };
 
 use crate::error::{Error, Result};
+use crate::kv::header;
 use crate::store::{Store, Writer};
 
 /// etcd's largest TTL (seconds).
@@ -110,13 +111,6 @@ impl Lessor {
     pub(crate) fn restore(&mut self, id: i64, lease: Lease) {
         self.leases.insert(id, lease);
     }
-}
-
-fn header(revision: i64) -> Option<ResponseHeader> {
-    Some(ResponseHeader {
-        revision,
-        ..Default::default()
-    })
 }
 
 impl Writer<'_> {
