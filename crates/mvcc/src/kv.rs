@@ -196,7 +196,7 @@ impl View for TxnWrite<'_, '_> {
     fn range(&mut self, range: KeyRange<'_>, ro: RangeOptions) -> Result<RangeResult> {
         let rev = self.rev();
         if self.reader.is_none() {
-            self.reader = Some(self.w.inner().reader()?);
+            self.reader = Some(self.w.inner().reader()?.0);
         }
         let reader = self.reader.as_ref().expect("just set");
         reader.range_keys(self.w.inner(), range, rev, ro)
@@ -390,7 +390,15 @@ pub(crate) fn delete_range(
 fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
     use std::cmp::Ordering;
     let target = CompareTarget::try_from(c.target).unwrap_or(CompareTarget::Version);
-    let int = |f: fn(&TargetUnion) -> Option<i64>| c.target_union.as_ref().and_then(f).unwrap_or(0);
+    // The operand is the union member matching the target; any other (or none) reads as zero,
+    // as in etcd.
+    let number = match (target, &c.target_union) {
+        (CompareTarget::Version, Some(TargetUnion::Version(n)))
+        | (CompareTarget::Create, Some(TargetUnion::CreateRevision(n)))
+        | (CompareTarget::Mod, Some(TargetUnion::ModRevision(n)))
+        | (CompareTarget::Lease, Some(TargetUnion::Lease(n))) => *n,
+        _ => 0,
+    };
     let ord: Ordering = match target {
         CompareTarget::Value => {
             let v = match &c.target_union {
@@ -399,22 +407,10 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
             };
             kv.value.as_slice().cmp(v)
         }
-        CompareTarget::Create => kv.create_revision.cmp(&int(|t| match t {
-            TargetUnion::CreateRevision(r) => Some(*r),
-            _ => None,
-        })),
-        CompareTarget::Mod => kv.mod_revision.cmp(&int(|t| match t {
-            TargetUnion::ModRevision(r) => Some(*r),
-            _ => None,
-        })),
-        CompareTarget::Version => kv.version.cmp(&int(|t| match t {
-            TargetUnion::Version(r) => Some(*r),
-            _ => None,
-        })),
-        CompareTarget::Lease => kv.lease.cmp(&int(|t| match t {
-            TargetUnion::Lease(r) => Some(*r),
-            _ => None,
-        })),
+        CompareTarget::Create => kv.create_revision.cmp(&number),
+        CompareTarget::Mod => kv.mod_revision.cmp(&number),
+        CompareTarget::Version => kv.version.cmp(&number),
+        CompareTarget::Lease => kv.lease.cmp(&number),
     };
     match CompareResult::try_from(c.result) {
         Ok(CompareResult::Equal) => ord == Ordering::Equal,

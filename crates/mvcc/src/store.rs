@@ -492,16 +492,11 @@ impl CompactJob {
 
 impl Inner {
     pub(crate) fn snapshot(self: &Arc<Self>) -> Result<Snapshot> {
-        let v = self.view.read();
-        let txn = self.db.begin_read()?;
-        let reader = Reader {
-            pendings: v.pendings.clone(),
-            txn,
-        };
+        let (reader, rev) = self.reader()?;
         Ok(Snapshot {
             inner: self.clone(),
             reader,
-            rev: v.rev,
+            rev,
         })
     }
 
@@ -510,14 +505,16 @@ impl Inner {
         false
     }
 
-    /// A reader of everything written so far (for a write transaction's own reads).
-    pub(crate) fn reader(&self) -> Result<Reader> {
+    /// A reader of everything written so far, and the revision it was taken at: both under the
+    /// view lock, so the pending batches and the pager snapshot cover every revision up to it.
+    pub(crate) fn reader(&self) -> Result<(Reader, i64)> {
         let v = self.view.read();
         let txn = self.db.begin_read()?;
-        Ok(Reader {
+        let reader = Reader {
             pendings: v.pendings.clone(),
             txn,
-        })
+        };
+        Ok((reader, v.rev))
     }
 
     /// One flush: the pending batch, the applied index, and one step of a compaction under way.
