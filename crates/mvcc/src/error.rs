@@ -40,6 +40,15 @@ pub enum Error {
     /// A TTL above the maximum.
     #[error("etcdserver: too large lease TTL")]
     LeaseTtlTooLarge,
+    /// A watch range whose end is not after its key.
+    #[error("mvcc: watcher range is empty")]
+    EmptyWatcherRange,
+    /// A client-chosen watch id already in use on the stream.
+    #[error("mvcc: duplicate watch ID provided on the WatchStream")]
+    DuplicateWatchId,
+    /// Cancelling a watch id the stream does not have.
+    #[error("mvcc: watcher does not exist")]
+    WatcherNotExist,
     /// The storage engine failed (I/O, corruption).
     #[error(transparent)]
     Storage(#[from] pager::Error),

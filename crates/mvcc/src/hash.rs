@@ -2,7 +2,6 @@
 //! members (and a kvd member next to an etcd one) holding the same history agree.
 
 use crate::error::{Error, Result};
-use crate::revision::Rev;
 use crate::store::{Store, KEY_BUCKET};
 
 /// The answer to HashKV.
@@ -36,24 +35,20 @@ impl Store {
             (compacted, ix.keep(rev), rev)
         };
         let mut h = crc32c::crc32c(KEY_BUCKET);
-        snap.reader.for_each_entry(|k, v| {
-            let Some((r, tombstone)) = Rev::from_key(k) else {
-                return;
-            };
-            if r.main > rev {
-                return;
-            }
-            // Revisions compaction removes or is removing; all of them if it keeps none.
-            if r.main <= compacted && !keep.is_empty() && !keep.contains(&r) {
-                return;
-            }
-            // Some etcd versions delete a tombstone at the compaction revision, others keep it.
-            if r.main == compacted && tombstone {
-                return;
-            }
-            h = crc32c::crc32c_append(h, k);
-            h = crc32c::crc32c_append(h, v);
-        })?;
+        snap.reader
+            .for_each_entry(&self.inner.path, 0, rev, |r, tombstone, v| {
+                // Revisions compaction removes or is removing; all of them if it keeps none.
+                if r.main <= compacted && !keep.is_empty() && !keep.contains(&r) {
+                    return true;
+                }
+                // Some etcd versions delete a tombstone at the compaction revision, others keep it.
+                if r.main == compacted && tombstone {
+                    return true;
+                }
+                h = crc32c::crc32c_append(h, r.to_key(tombstone).as_bytes());
+                h = crc32c::crc32c_append(h, v);
+                true
+            })?;
         Ok(KvHash {
             hash: h,
             compact_revision: compacted,

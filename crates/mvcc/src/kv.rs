@@ -132,17 +132,21 @@ pub(crate) struct TxnWrite<'a, 'w> {
     begin: i64,
     /// Writes so far; the sub revision of the next one.
     subs: i64,
-    pub(crate) events: Vec<Event>,
+    /// Whether to build events: only when some watcher exists (checked once, at the start).
+    collect: bool,
+    events: Vec<Event>,
 }
 
 impl<'a, 'w> TxnWrite<'a, 'w> {
     pub(crate) fn begin(w: &'a mut Writer<'w>) -> TxnWrite<'a, 'w> {
         let begin = w.state().rev;
+        let collect = w.inner().hub.has_watchers();
         TxnWrite {
             w,
             reader: None,
             begin,
             subs: 0,
+            collect,
             events: Vec::new(),
         }
     }
@@ -151,14 +155,15 @@ impl<'a, 'w> TxnWrite<'a, 'w> {
         self.begin + 1
     }
 
-    /// Ends the transaction: a transaction that wrote takes the next revision. Returns the
-    /// events it produced.
-    pub(crate) fn end(self) -> Vec<Event> {
-        if self.subs > 0 {
-            let rev = self.begin + 1;
-            self.w.publish_rev(rev);
+    /// Ends the transaction: a transaction that wrote takes the next revision. Returns it,
+    /// with the events the transaction built (if it built them).
+    pub(crate) fn end(self) -> Option<(i64, Option<Vec<Event>>)> {
+        if self.subs == 0 {
+            return None;
         }
-        self.events
+        let rev = self.begin + 1;
+        self.w.publish_rev(rev);
+        Some((rev, self.collect.then_some(self.events)))
     }
 
     fn next_rev(&mut self) -> Rev {
@@ -177,7 +182,7 @@ impl<'a, 'w> TxnWrite<'a, 'w> {
         let inner = self.w.inner();
         inner.index.write().tombstone(&key, rev);
         self.w.inner().lessor.lock().detach(&key);
-        if self.w.inner().has_watchers() {
+        if self.collect {
             let kv = KeyValue {
                 key,
                 mod_revision: rev.main,
@@ -235,7 +240,7 @@ impl View for TxnWrite<'_, '_> {
             lessor.attach(lease, key);
         }
         drop(lessor);
-        if self.w.inner().has_watchers() {
+        if self.collect {
             self.events.push(Event {
                 r#type: EventType::Put as i32,
                 kv: Some(kv.to_owned()),
@@ -573,17 +578,18 @@ impl Writer<'_> {
     fn in_txn<T>(&mut self, f: impl FnOnce(&mut TxnWrite<'_, '_>) -> Result<T>) -> Result<T> {
         let mut tw = TxnWrite::begin(self);
         let out = f(&mut tw);
-        let wrote = tw.subs > 0;
-        let events = tw.end();
+        let ended = tw.end();
         match out {
-            Err(e) if wrote => {
+            Err(e) if ended.is_some() => {
                 let msg = format!("a write transaction failed half-way: {e}");
                 self.fail(msg.clone());
                 Err(Error::Stopped(msg))
             }
             Err(e) => Err(e),
             Ok(v) => {
-                self.notify(events);
+                if let Some((rev, events)) = ended {
+                    self.notify(rev, events);
+                }
                 Ok(v)
             }
         }

@@ -24,11 +24,14 @@ pub mod index;
 mod kv;
 pub mod lease;
 pub mod revision;
+mod signal;
 mod store;
 pub mod validate;
+mod watch;
 
 pub use error::{Error, Result};
 pub use hash::KvHash;
 pub use kv::is_txn_readonly;
 pub use revision::Rev;
 pub use store::{Applied, RangeOptions, RangeResult, Snapshot, Store, StoreOptions, Writer};
+pub use watch::{WatchResponse, WatchStream};

@@ -27,6 +27,8 @@ use crate::error::{Error, Result};
 use crate::index::{Index, KeyRange};
 use crate::lease::{Lease, Lessor};
 use crate::revision::Rev;
+use crate::signal::Signal;
+use crate::watch::Hub;
 
 pub(crate) const KEY_BUCKET: &[u8] = b"key";
 pub(crate) const META_BUCKET: &[u8] = b"meta";
@@ -174,8 +176,10 @@ pub(crate) struct Inner {
     flushing: Mutex<Option<CompactJob>>,
     /// The revision the last finished compaction reached, and a condvar for waiters.
     finished: (Mutex<i64>, Condvar),
-    /// Wakes the flush thread: (stop requested, flush requested).
-    wake: (Mutex<(bool, bool)>, Condvar),
+    /// Wakes the flush thread.
+    wake: Signal,
+    /// The watchers.
+    pub(crate) hub: Hub,
 }
 
 impl std::fmt::Debug for Inner {
@@ -191,6 +195,7 @@ impl std::fmt::Debug for Inner {
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
     flusher: Option<JoinHandle<()>>,
+    watcher: Option<JoinHandle<()>>,
 }
 
 /// The result of a range read at one revision (etcd's `RangeResult`).
@@ -272,26 +277,32 @@ impl Store {
             }),
             flushing: Mutex::new(first_job.map(CompactJob::new)),
             finished: (Mutex::new(finished), Condvar::new()),
-            wake: (Mutex::new((false, false)), Condvar::new()),
+            wake: Signal::default(),
+            hub: Hub::new(rev),
             opts,
         });
         if first_job.is_some() {
             tracing::info!(path = %inner.path.display(), revision = scheduled, "resuming an interrupted compaction");
         }
-        let weak = Arc::downgrade(&inner);
-        let flusher = std::thread::Builder::new()
-            .name("mvcc-flush".into())
-            .spawn(move || flush_loop(weak))
-            .map_err(|e| {
-                Error::Storage(pager::Error::Io {
-                    op: "spawn the flush thread",
-                    path: inner.path.clone(),
-                    source: e,
+        let spawn = |name: &str, f: fn(Weak<Inner>)| {
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(weak))
+                .map_err(|e| {
+                    Error::Storage(pager::Error::Io {
+                        op: "spawn a store thread",
+                        path: inner.path.clone(),
+                        source: e,
+                    })
                 })
-            })?;
+        };
+        let flusher = spawn("mvcc-flush", flush_loop)?;
+        let watcher = spawn("mvcc-watch", crate::watch::sync_loop)?;
         Ok(Store {
             inner,
             flusher: Some(flusher),
+            watcher: Some(watcher),
         })
     }
 
@@ -368,14 +379,14 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        self.inner.hub.close();
+        if let Some(h) = self.watcher.take() {
+            let _ = h.join();
+        }
         let Some(h) = self.flusher.take() else {
             return Ok(());
         };
-        {
-            let (m, cv) = &self.inner.wake;
-            m.lock().0 = true;
-            cv.notify_all();
-        }
+        self.inner.wake.stop();
         let _ = h.join();
         self.inner.flush()?;
         self.inner.db.sync()?;
@@ -399,16 +410,8 @@ fn flush_loop(weak: Weak<Inner>) {
         } else {
             inner.opts.batch_interval
         };
-        {
-            let (m, cv) = &inner.wake;
-            let mut wake = m.lock();
-            if !wake.0 && !wake.1 {
-                cv.wait_for(&mut wake, wait);
-            }
-            if wake.0 {
-                return;
-            }
-            wake.1 = false;
+        if !inner.wake.wait(wait) {
+            return;
         }
         if let Err(e) = inner.flush() {
             tracing::error!(path = %inner.path.display(), error = %e, "background flush failed");
@@ -498,11 +501,6 @@ impl Inner {
             reader,
             rev,
         })
-    }
-
-    /// Whether any watcher wants events (events are not built otherwise).
-    pub(crate) fn has_watchers(&self) -> bool {
-        false
     }
 
     /// A reader of everything written so far, and the revision it was taken at: both under the
@@ -744,20 +742,39 @@ impl Reader {
         })
     }
 
-    /// Every stored (revision key, value) in revision order: the pager's, then pending ones.
-    pub(crate) fn for_each_entry(&self, mut f: impl FnMut(&[u8], &[u8])) -> Result<()> {
+    /// Every stored entry (revision, tombstone, value) whose main revision is in `[from, to]`,
+    /// in revision order — the pager's, then pending ones — until `f` returns false.
+    pub(crate) fn for_each_entry(
+        &self,
+        path: &Path,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(Rev, bool, &[u8]) -> bool,
+    ) -> Result<()> {
+        let lo = Rev::new(from.max(0), 0).to_key(false);
+        let hi = Rev::new(to.saturating_add(1), 0).to_key(false);
+        let bucket = self.txn.bucket(KEY_BUCKET)?;
         let mut last = None;
-        for e in self.txn.bucket(KEY_BUCKET)?.iter() {
+        for e in bucket.range(lo.as_bytes()..hi.as_bytes()) {
             let (k, v) = e?;
-            f(k, v);
-            last = Rev::from_key(k).map(|(r, _)| r);
+            let (r, tomb) = Rev::from_key(k).ok_or_else(|| {
+                corrupt(path, format!("key bucket entry {k:?} is not a revision"))
+            })?;
+            if !f(r, tomb, v) {
+                return Ok(());
+            }
+            last = Some(r);
         }
         for p in &self.pendings {
             for (r, tomb, v) in p.entries.read().iter() {
-                if last.is_some_and(|l| r <= l) {
+                // Entries the pager snapshot already holds (a flush committed but not yet
+                // retired the batch) were seen above.
+                if r.main < from || r.main > to || last.is_some_and(|l| r <= l) {
                     continue;
                 }
-                f(r.to_key(tomb).as_bytes(), v);
+                if !f(r, tomb, v) {
+                    return Ok(());
+                }
             }
         }
         Ok(())
@@ -788,11 +805,11 @@ impl Snapshot {
     /// Calls `f` with every stored revision (live, historical or tombstone) in order: what
     /// compaction has not removed yet.
     pub fn for_each_revision(&self, mut f: impl FnMut(Rev)) -> Result<()> {
-        self.reader.for_each_entry(|k, _| {
-            if let Some((r, _)) = Rev::from_key(k) {
+        self.reader
+            .for_each_entry(&self.inner.path, 0, i64::MAX, |r, _, _| {
                 f(r);
-            }
-        })
+                true
+            })
     }
 }
 
@@ -842,9 +859,10 @@ impl Writer<'_> {
         self.state().failed = Some(msg);
     }
 
-    /// Hands a finished transaction's events to the watchers.
-    pub(crate) fn notify(&mut self, events: Vec<api::mvccpb::Event>) {
-        drop(events);
+    /// Hands a finished write transaction's revision and events (if it built them) to the
+    /// watchers; called in revision order, with the writer held.
+    pub(crate) fn notify(&mut self, rev: i64, events: Option<Vec<api::mvccpb::Event>>) {
+        self.store.inner.hub.notify(rev, events);
     }
 
     /// Publishes a finished write transaction's revision to readers.
@@ -885,9 +903,7 @@ impl Drop for Writer<'_> {
                 tracing::error!(error = %e, "flush failed");
             }
         } else if pending >= limit {
-            let (m, cv) = &self.store.inner.wake;
-            m.lock().1 = true;
-            cv.notify_all();
+            self.store.inner.wake.kick();
         }
     }
 }
