@@ -413,6 +413,14 @@ fn progress_notifications_only_when_synced() {
     }
     let r = slow.recv_timeout(WAIT).unwrap();
     assert_eq!((r.watch_id, r.revision), (sid, 5));
+
+    // Progress requests on a stream nobody reads queue up to twice its bound, then fail.
+    let unread = store.watch_stream_with_capacity(2);
+    let uid = unread.watch(&watch(b"k", b"", 0)).unwrap();
+    let queued = (0..100)
+        .take_while(|_| unread.request_progress(uid))
+        .count();
+    assert_eq!(queued, 4);
 }
 
 #[test]

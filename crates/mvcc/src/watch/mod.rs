@@ -446,7 +446,8 @@ impl Hub {
     }
 
     /// Queues a progress notification (no events, the current revision) for the watchers in
-    /// `hs` under `watch_id` if every one of them is synced; etcd's progressIfSync.
+    /// `hs` under `watch_id` if every one of them is synced; etcd's progressIfSync. False if
+    /// one is not, or the queue is far over its bound.
     fn progress(&self, hs: &[u64], watch_id: i64, queue: &Queue) -> bool {
         let mut st = self.state.lock();
         let rev = st.rev;
@@ -456,16 +457,14 @@ impl Hub {
                 _ => return false,
             }
         }
-        if !hs.is_empty() {
-            queue.push(
+        hs.is_empty()
+            || queue.push(
                 Item::Progress {
                     watch_id,
                     revision: rev,
                 },
                 true,
-            );
-        }
-        true
+            )
     }
 
     fn rev(&self) -> i64 {

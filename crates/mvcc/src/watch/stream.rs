@@ -89,11 +89,17 @@ impl Queue {
         !self.full(&self.state.lock())
     }
 
-    /// Queues `item` unless the queue is full (`force` ignores the bound: progress
-    /// notifications). True if queued.
+    /// Queues `item` unless the queue is full. `force` (progress notifications, which a client
+    /// asks for) may go past the bound up to twice it, so a client that requests progress and
+    /// never reads cannot grow the queue without limit. True if queued.
     pub(super) fn push(&self, item: Item, force: bool) -> bool {
         let mut s = self.state.lock();
-        if !force && self.full(&s) {
+        let full = if force {
+            s.items.len() >= self.capacity.saturating_mul(2)
+        } else {
+            self.full(&s)
+        };
+        if full {
             s.stalled = true;
             return false;
         }
