@@ -1,0 +1,217 @@
+//! The WAL keeps what it acknowledged, repairs a torn tail and refuses real damage.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use consensus::wal::{Error, Options, SnapshotMark, Wal};
+use raft::eraftpb::{Entry, HardState};
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        index,
+        term,
+        data: format!("entry {index} of term {term}").into_bytes().into(),
+        ..Default::default()
+    }
+}
+
+fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+    HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    }
+}
+
+fn small() -> Options {
+    Options {
+        segment_size: 16 << 10,
+    }
+}
+
+fn indexes(es: &[Entry]) -> Vec<(u64, u64)> {
+    es.iter().map(|e| (e.index, e.term)).collect()
+}
+
+#[test]
+fn what_was_saved_is_replayed_with_raft_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wal::create(dir.path(), b"cluster 7", small()).unwrap();
+    let es: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    w.save(Some(&hs(1, 1, 3)), &es, true).unwrap();
+    // A new leader replaces 6.. with its own entries.
+    let es2: Vec<Entry> = (6..=8).map(|i| entry(i, 2)).collect();
+    w.save(Some(&hs(2, 2, 7)), &es2, true).unwrap();
+    drop(w);
+    let (w, rec) = Wal::open(dir.path(), small()).unwrap();
+    assert_eq!(rec.metadata, b"cluster 7");
+    assert_eq!(rec.hard_state, hs(2, 2, 7));
+    let want: Vec<(u64, u64)> = (1..=5)
+        .map(|i| (i, 1))
+        .chain((6..=8).map(|i| (i, 2)))
+        .collect();
+    assert_eq!(indexes(&rec.entries), want);
+    assert_eq!(rec.entries[7].data, entry(8, 2).data);
+    assert!(rec.repaired.is_none());
+    assert_eq!(w.last_index(), 8);
+}
+
+#[test]
+fn segments_are_cut_and_purged_behind_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wal::create(dir.path(), b"m", small()).unwrap();
+    for i in 1..=2000u64 {
+        w.save(Some(&hs(1, 1, i)), &[entry(i, 1)], i % 10 == 0)
+            .unwrap();
+    }
+    let segs = w.segment_paths().len();
+    assert!(segs > 3, "only {segs} segments");
+    w.save_snapshot(SnapshotMark {
+        index: 1500,
+        term: 1,
+    })
+    .unwrap();
+    let purged = w.purge(1500).unwrap();
+    assert!(purged >= 1 && purged < segs, "purged {purged} of {segs}");
+    drop(w);
+    let (w, rec) = Wal::open(dir.path(), small()).unwrap();
+    assert_eq!(
+        rec.snapshot,
+        SnapshotMark {
+            index: 1500,
+            term: 1
+        }
+    );
+    assert_eq!(rec.metadata, b"m");
+    assert_eq!(rec.hard_state, hs(1, 1, 2000));
+    assert_eq!(
+        indexes(&rec.entries),
+        (1501..=2000).map(|i| (i, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(w.segment_paths().len(), segs - purged);
+}
+
+/// Appends one record whose write was interrupted: its first bytes, then the zeros the
+/// preallocated segment already held.
+fn last_segment(dir: &Path) -> std::path::PathBuf {
+    let mut segs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segs.sort();
+    segs.pop().unwrap()
+}
+
+#[test]
+fn a_torn_tail_is_cut_off_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wal::create(dir.path(), b"m", Options::default()).unwrap();
+    w.save(Some(&hs(1, 1, 1)), &[entry(1, 1), entry(2, 1)], true)
+        .unwrap();
+    drop(w);
+    // Find the end of the log: the first offset after which the file is all zeros.
+    let seg = last_segment(dir.path());
+    let data = std::fs::read(&seg).unwrap();
+    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
+    // A 2,000-byte entry record of which only the first sector reached the disk.
+    let big = Entry {
+        data: vec![0x5a; 2000].into(),
+        ..entry(3, 1)
+    };
+    let mut rec = Vec::new();
+    {
+        use protobuf::Message;
+        let payload = big.write_to_bytes().unwrap();
+        rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        rec.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+        rec.push(2);
+        rec.extend_from_slice(&payload);
+    }
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    let cut = 512 - end % 512;
+    f.write_all_at(&rec[..cut], end as u64).unwrap();
+    drop(f);
+
+    let (mut w, r) = Wal::open(dir.path(), Options::default()).unwrap();
+    let (path, at, _) = r.repaired.clone().expect("the tail was repaired");
+    assert_eq!((path, at), (seg.clone(), end as u64));
+    assert_eq!(indexes(&r.entries), [(1, 1), (2, 1)]);
+    w.save(None, &[entry(3, 1)], true).unwrap();
+    drop(w);
+    let (_, r) = Wal::open(dir.path(), Options::default()).unwrap();
+    assert!(r.repaired.is_none());
+    assert_eq!(indexes(&r.entries), [(1, 1), (2, 1), (3, 1)]);
+}
+
+fn flip(path: &Path, offset: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x40;
+    f.write_all_at(&b, offset).unwrap();
+}
+
+#[test]
+fn a_flipped_byte_is_refused_with_file_and_offset() {
+    for victim in [2u64, 20] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Wal::create(dir.path(), b"m", Options::default()).unwrap();
+        for i in 1..=20 {
+            w.save(None, &[entry(i, 1)], true).unwrap();
+        }
+        drop(w);
+        let seg = last_segment(dir.path());
+        let data = std::fs::read(&seg).unwrap();
+        // The record of entry `victim`: find its data text and flip a byte in it.
+        let needle = format!("entry {victim} of term 1");
+        let at = data
+            .windows(needle.len())
+            .position(|w| w == needle.as_bytes())
+            .unwrap();
+        flip(&seg, at as u64 + 3);
+        let err = Wal::open(dir.path(), Options::default()).unwrap_err();
+        match &err {
+            Error::Corrupt { path, .. } => assert_eq!(path, &seg),
+            other => panic!("victim {victim}: {other}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("checksum") && msg.contains("refusing to start"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let _w = Wal::create(dir.path(), b"m", small()).unwrap();
+    assert!(matches!(
+        Wal::open(dir.path(), small()),
+        Err(Error::Locked(_))
+    ));
+    assert!(matches!(
+        Wal::create(tempfile::tempdir().unwrap().path().join("x"), b"", small()).map(|_| ()),
+        Ok(())
+    ));
+}
+
+#[test]
+fn a_missing_segment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wal::create(dir.path(), b"m", small()).unwrap();
+    for i in 1..=1000u64 {
+        w.save(None, &[entry(i, 1)], false).unwrap();
+    }
+    let segs = w.segment_paths();
+    drop(w);
+    std::fs::remove_file(&segs[1]).unwrap();
+    let err = Wal::open(dir.path(), small()).unwrap_err().to_string();
+    assert!(err.contains("missing"), "{err}");
+}
