@@ -562,6 +562,11 @@ impl Wal {
 
     /// Starts a new segment from the preallocated file, beginning with the head records.
     fn cut(&mut self) -> Result<()> {
+        if let Some(s) = self.segments.last() {
+            // Whatever unsynced saves left in the old segment is durable before the new one
+            // exists: a crash can never leave a later segment without the earlier data.
+            io("fdatasync", &s.path, self.file.sync_data())?;
+        }
         let seq = self.segments.last().map_or(0, |s| s.seq + 1);
         let first_index = self.last_index + 1;
         let tmp = self.prealloc.take(&self.dir, self.opts.segment_size)?;
@@ -579,7 +584,6 @@ impl Wal {
         io("rename", &tmp, fs::rename(&tmp, &path))?;
         sync_dir(&self.dir)?;
         self.prealloc.again();
-        // The old segment's data is durable already (every save that asked for it synced).
         self.file = io(
             "open",
             &path,
