@@ -211,12 +211,30 @@ struct HubState {
     scratch: Vec<u64>,
 }
 
+/// A watcher's handle: its slot index in the low 32 bits, the slot's generation in the high 32
+/// (so a handle to a removed watcher never reaches the slot's next occupant).
+fn handle(index: usize, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | index as u64
+}
+
+fn slot_index(h: u64) -> usize {
+    (h & u64::from(u32::MAX)) as usize
+}
+
+impl Slot {
+    fn holds(&self, h: u64) -> bool {
+        u64::from(self.generation) == h >> 32
+    }
+}
+
 impl HubState {
+    fn peek(&self, h: u64) -> Option<&Watcher> {
+        let slot = self.slots.get(slot_index(h)).filter(|s| s.holds(h))?;
+        slot.watcher.as_ref()
+    }
+
     fn get(&mut self, h: u64) -> Option<&mut Watcher> {
-        let slot = self.slots.get_mut((h & u64::from(u32::MAX)) as usize)?;
-        if u64::from(slot.generation) != h >> 32 {
-            return None;
-        }
+        let slot = self.slots.get_mut(slot_index(h)).filter(|s| s.holds(h))?;
         slot.watcher.as_mut()
     }
 
@@ -233,13 +251,13 @@ impl HubState {
         };
         let slot = &mut self.slots[i as usize];
         slot.watcher = Some(w);
-        (u64::from(slot.generation) << 32) | u64::from(i)
+        handle(i as usize, slot.generation)
     }
 
     /// Removes the watcher from the hub and from whichever set holds it.
     fn take(&mut self, h: u64) -> Option<Watcher> {
         self.get(h)?;
-        let i = (h & u64::from(u32::MAX)) as usize;
+        let i = slot_index(h);
         let slot = &mut self.slots[i];
         let w = slot.watcher.take()?;
         slot.generation = slot.generation.wrapping_add(1);
@@ -375,8 +393,7 @@ impl Hub {
                     .filter_map(|i| {
                         let s = &st.slots[i];
                         let w = s.watcher.as_ref()?;
-                        w.synced
-                            .then_some((u64::from(s.generation) << 32) | i as u64)
+                        w.synced.then_some(handle(i, s.generation))
                     })
                     .collect();
                 for h in synced {
@@ -527,10 +544,7 @@ fn sync_round(inner: &Inner) -> Result<bool> {
         .unsynced
         .iter()
         .copied()
-        .filter(|&h| {
-            let slot = &st.slots[(h & u64::from(u32::MAX)) as usize];
-            slot.watcher.as_ref().is_some_and(|w| w.queue.has_room())
-        })
+        .filter(|&h| st.peek(h).is_some_and(|w| w.queue.has_room()))
         .take(WATCHERS_PER_ROUND)
         .collect();
     let mut progressed = false;

@@ -60,6 +60,7 @@ pub(crate) struct Queue {
 }
 
 /// How [`Queue::pop`] waits for an item.
+#[derive(Clone, Copy)]
 enum Wait<'a> {
     Not,
     Until(Instant),
@@ -299,8 +300,30 @@ impl WatchStream {
 
     /// Polls for the next response (registers `cx`'s waker when there is none).
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<WatchResponse>> {
+        self.next(Wait::Poll(cx.waker()))
+    }
+
+    /// The next response, waiting at most `timeout`; `None` on timeout or once closed.
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<WatchResponse> {
+        match self.next(Wait::Until(Instant::now() + timeout)) {
+            Poll::Ready(r) => r,
+            Poll::Pending => None,
+        }
+    }
+
+    /// The next response if one is queued.
+    pub fn try_recv(&self) -> Option<WatchResponse> {
+        match self.next(Wait::Not) {
+            Poll::Ready(r) => r,
+            Poll::Pending => None,
+        }
+    }
+
+    /// The next response to hand out (skipping items that turn into none); pending when the
+    /// queue stays empty as `wait` allows, `None` once closed and drained.
+    fn next(&self, wait: Wait<'_>) -> Poll<Option<WatchResponse>> {
         loop {
-            match self.queue.pop(Wait::Poll(cx.waker())) {
+            match self.queue.pop(wait) {
                 Popped::Item(item, kick) => {
                     if let Some(r) = self.respond(item, kick) {
                         return Poll::Ready(Some(r));
@@ -308,35 +331,6 @@ impl WatchStream {
                 }
                 Popped::Empty => return Poll::Pending,
                 Popped::Closed => return Poll::Ready(None),
-            }
-        }
-    }
-
-    /// The next response, waiting at most `timeout`; `None` on timeout or once closed.
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<WatchResponse> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.queue.pop(Wait::Until(deadline)) {
-                Popped::Item(item, kick) => {
-                    if let Some(r) = self.respond(item, kick) {
-                        return Some(r);
-                    }
-                }
-                Popped::Empty | Popped::Closed => return None,
-            }
-        }
-    }
-
-    /// The next response if one is queued.
-    pub fn try_recv(&self) -> Option<WatchResponse> {
-        loop {
-            match self.queue.pop(Wait::Not) {
-                Popped::Item(item, kick) => {
-                    if let Some(r) = self.respond(item, kick) {
-                        return Some(r);
-                    }
-                }
-                Popped::Empty | Popped::Closed => return None,
             }
         }
     }
