@@ -294,17 +294,16 @@ impl HubState {
     }
 
     /// Whether the watcher can join the synced set from the ring alone.
-    fn ring_covers(&mut self, h: u64) -> bool {
-        let (rev, from) = (self.rev, self.ring_from);
-        self.get(h)
-            .is_some_and(|w| w.min_rev > rev || w.min_rev >= from)
+    fn ring_covers(&self, h: u64) -> bool {
+        self.peek(h)
+            .is_some_and(|w| w.min_rev > self.rev || w.min_rev >= self.ring_from)
     }
 
     /// Sends the watcher the ring's batches it has not had and makes it synced; false (and
     /// nothing changed) when its queue is full. The caller checked [`HubState::ring_covers`].
     fn catch_up_from_ring(&mut self, h: u64) -> bool {
         let rev = self.rev;
-        let Some(min_rev) = self.get(h).map(|w| w.min_rev) else {
+        let Some(min_rev) = self.peek(h).map(|w| w.min_rev) else {
             return false;
         };
         let start = self.ring.partition_point(|(r, _)| *r < min_rev);
@@ -457,7 +456,12 @@ impl Hub {
     }
 
     fn remove(&self, h: u64) {
-        if self.state.lock().take(h).is_some() {
+        self.forget(&mut self.state.lock(), h);
+    }
+
+    /// Removes a watcher and counts it out of [`Hub::has_watchers`].
+    fn forget(&self, st: &mut HubState, h: u64) {
+        if st.take(h).is_some() {
             self.watchers.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -558,8 +562,7 @@ fn sync_round(inner: &Inner) -> Result<bool> {
                 compact_revision: compacted,
             };
             if w.queue.push(item, false) {
-                st.take(h);
-                hub.watchers.fetch_sub(1, Ordering::AcqRel);
+                hub.forget(&mut st, h);
                 progressed = true;
             }
         } else if covered {
