@@ -1,4 +1,22 @@
-//! kvd's consensus: a raft-rs (tikv) driver — the write-ahead log, snapshots, the peer
-//! transport, ReadIndex and membership. It replicates opaque entries; it knows nothing of keys.
+//! kvd's consensus: a raft-rs driver with its WAL, snapshots, peer transport, linearizable
+//! reads and membership. It replicates opaque entries into a [`StateMachine`]; it knows nothing
+//! of keys.
 
+mod apply;
+mod codec;
+mod driver;
+mod log;
+mod logger;
+pub mod member;
+mod node;
+pub mod snap;
+pub mod transport;
 pub mod wal;
+
+pub use codec::Malformed;
+pub use member::{cluster_id, member_id, Member, Members};
+pub use node::{
+    Change, Committed, Config, Error, Inbox, RaftNode, Result, Role, Start, StateMachine, Status,
+};
+pub use raft::eraftpb::Message;
+pub use transport::{Reporter, SnapshotDone, Transport};

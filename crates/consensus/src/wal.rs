@@ -508,11 +508,11 @@ impl Wal {
         Ok(())
     }
 
-    /// Deletes whole segments holding only entries at or below `index` (covered by a snapshot);
-    /// the last segment always stays.
-    pub fn purge(&mut self, index: u64) -> Result<usize> {
+    /// Deletes whole segments holding only entries at or below `index` (covered by a snapshot),
+    /// oldest first, while more than `keep` segments remain; the last segment always stays.
+    pub fn purge(&mut self, index: u64, keep: usize) -> Result<usize> {
         let mut n = 0;
-        while self.segments.len() > 1 && self.segments[1].first_index <= index + 1 {
+        while self.segments.len() > keep.max(1) && self.segments[1].first_index <= index + 1 {
             let s = self.segments.remove(0);
             io("remove", &s.path, fs::remove_file(&s.path))?;
             n += 1;

@@ -72,7 +72,7 @@ fn segments_are_cut_and_purged_behind_a_snapshot() {
         term: 1,
     })
     .unwrap();
-    let purged = w.purge(1500).unwrap();
+    let purged = w.purge(1500, 1).unwrap();
     assert!(purged >= 1 && purged < segs, "purged {purged} of {segs}");
     drop(w);
     let (w, rec) = Wal::open(dir.path(), small()).unwrap();

@@ -1,0 +1,181 @@
+//! The apply thread: feeds committed entries to the state machine in order, answers the
+//! proposals made on this member, restores snapshots from the leader, and asks for durability
+//! every `snapshot_count` entries.
+
+use std::fs::{self, File};
+use std::io::BufReader;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use raft::eraftpb::{Entry, EntryType};
+
+use crate::node::{
+    parse_context, Cmd, Committed, Error, Result, Shared, StateMachine, TAG_PROPOSAL,
+};
+
+/// Work for the apply thread, in log order.
+#[derive(Debug)]
+pub(crate) enum ApplyTask {
+    Entries(Vec<Entry>),
+    /// Restore the state machine from the received data of the snapshot at this index/term.
+    Restore {
+        index: u64,
+        term: u64,
+    },
+    /// Spool the state machine's current state for followers.
+    Spool,
+    Stop,
+}
+
+pub(crate) struct Applier<S: StateMachine> {
+    sm: S,
+    shared: Arc<Shared<S::Output>>,
+    snapshot_count: u64,
+    /// The last index the state machine made durable.
+    durable: u64,
+}
+
+impl<S: StateMachine> Applier<S> {
+    pub(crate) fn spawn(
+        sm: S,
+        shared: Arc<Shared<S::Output>>,
+        snapshot_count: u64,
+        durable: u64,
+        rx: Receiver<ApplyTask>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let name = format!("apply-{:x}", shared.id);
+        let mut a = Applier {
+            sm,
+            shared,
+            snapshot_count: snapshot_count.max(1),
+            durable,
+        };
+        std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(task) = rx.recv() {
+                let r = match task {
+                    ApplyTask::Entries(es) => a.apply(&es),
+                    ApplyTask::Restore { index, term } => a.restore(index, term),
+                    ApplyTask::Spool => a.spool(),
+                    ApplyTask::Stop => break,
+                };
+                if let Err(e) = r {
+                    tracing::error!(member = %format!("{:x}", a.shared.id), "apply failed: {e}");
+                    let _ = a.shared.tx.send(Cmd::Fatal(e));
+                    break;
+                }
+            }
+        })
+    }
+
+    fn apply(&mut self, entries: &[Entry]) -> Result<()> {
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return Ok(());
+        };
+        let applied = self.sm.applied();
+        let mut batch = Vec::with_capacity(entries.len());
+        let mut origins = Vec::with_capacity(entries.len());
+        for e in entries.iter().filter(|e| e.index > applied) {
+            let mut origin = None;
+            let mut data = None;
+            if e.get_entry_type() == EntryType::EntryNormal && !e.context.is_empty() {
+                match parse_context(&e.context) {
+                    Ok((TAG_PROPOSAL, from, seq, _)) => {
+                        origin = Some((from, seq));
+                        data = Some(&e.data[..]);
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::warn!(index = e.index, "entry with {err}: applied as empty")
+                    }
+                }
+            }
+            batch.push(Committed {
+                index: e.index,
+                term: e.term,
+                data,
+            });
+            origins.push(origin);
+        }
+        if !batch.is_empty() {
+            fail::fail_point!("raft_before_apply");
+            let outs = self.sm.apply(&batch).map_err(Error::StateMachine)?;
+            fail::fail_point!("raft_after_apply");
+            if outs.len() != batch.len() {
+                return Err(Error::StateMachine(std::io::Error::other(format!(
+                    "the state machine returned {} outputs for {} entries",
+                    outs.len(),
+                    batch.len()
+                ))));
+            }
+            let mut waiters = self.shared.waiters.lock();
+            for (origin, out) in origins.into_iter().zip(outs) {
+                if let Some((_, seq)) = origin.filter(|o| o.0 == self.shared.id) {
+                    if let Some(w) = waiters.remove(&seq) {
+                        let _ = w.send(Ok(out));
+                    }
+                }
+            }
+        }
+        let _ = self.shared.tx.send(Cmd::Applied(last));
+        let applied = self.sm.applied();
+        if applied >= self.durable + self.snapshot_count {
+            self.sm.sync().map_err(Error::StateMachine)?;
+            self.durable = applied;
+            let _ = self.shared.tx.send(Cmd::Durable(applied));
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, index: u64, term: u64) -> Result<()> {
+        let path = self.shared.snapshotter.recv_path(index);
+        let file = File::open(&path).map_err(|e| {
+            Error::StateMachine(std::io::Error::other(format!(
+                "snapshot data {}: {e}",
+                path.display()
+            )))
+        })?;
+        self.sm
+            .restore(index, term, &mut BufReader::new(file))
+            .map_err(Error::StateMachine)?;
+        fail::fail_point!("raft_snapshot_apply");
+        if let Err(e) = fs::remove_file(&path) {
+            tracing::warn!("cannot remove {}: {e}", path.display());
+        }
+        self.durable = index;
+        tracing::info!(
+            index,
+            term,
+            "restored the state machine from the leader's snapshot"
+        );
+        let _ = self.shared.tx.send(Cmd::Applied(index));
+        Ok(())
+    }
+
+    /// Starts copying the current state to a spool file on its own thread (it may be large).
+    fn spool(&mut self) -> Result<()> {
+        let index = self.sm.applied();
+        let mut reader = self.sm.snapshot().map_err(Error::StateMachine)?;
+        let path = self.shared.snapshotter.spool_path(index);
+        let tx = self.shared.tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("snapshot-spool".into())
+            .spawn(
+                move || match crate::snap::write_atomic(&path, &mut reader) {
+                    Ok(bytes) => {
+                        tracing::info!(index, bytes, "spooled a snapshot for followers");
+                        let _ = tx.send(Cmd::Spooled(Some(index)));
+                    }
+                    Err(e) => {
+                        tracing::error!("cannot spool a snapshot: {e}");
+                        let _ = tx.send(Cmd::Spooled(None));
+                    }
+                },
+            );
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the spool thread: {e}");
+            let _ = self.shared.tx.send(Cmd::Spooled(None));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,968 @@
+//! The raft thread: owns raft-rs's `RawNode`, the WAL and the transport, and runs the Ready loop.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::mem;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use raft::eraftpb::{
+    ConfChange, ConfChangeSingle, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
+    MessageType, Snapshot,
+};
+use raft::{RawNode, ReadOnlyOption, ReadState, SnapshotStatus, StateRole};
+use tokio::sync::oneshot;
+
+use crate::apply::{Applier, ApplyTask};
+use crate::log::LogStore;
+use crate::member::{Member, Members};
+use crate::node::{
+    change_type, context, deadline, parse_context, Change, Cmd, Config, Error, Result, Role,
+    Shared, Start, StateMachine, TAG_CONF, TAG_MEMBER_UPDATE,
+};
+use crate::snap::{SnapMeta, Snapshotter};
+use crate::transport::{Reporter, SnapshotDone, Transport};
+use crate::wal::{SnapshotMark, Wal};
+
+/// The position of the snapshot a new cluster starts from (its configuration, no data).
+const BOOTSTRAP_INDEX: u64 = 1;
+
+fn encode_meta(cluster_id: u64, member_id: u64) -> Vec<u8> {
+    let mut v = cluster_id.to_le_bytes().to_vec();
+    v.extend_from_slice(&member_id.to_le_bytes());
+    v
+}
+
+fn decode_meta(b: &[u8]) -> Option<(u64, u64)> {
+    if b.len() != 16 {
+        return None;
+    }
+    let mut c = [0; 8];
+    let mut m = [0; 8];
+    c.copy_from_slice(&b[..8]);
+    m.copy_from_slice(&b[8..]);
+    Some((u64::from_le_bytes(c), u64::from_le_bytes(m)))
+}
+
+#[derive(Debug)]
+enum Pending {
+    Proposal(u64),
+    Change(u64),
+}
+
+#[derive(Debug)]
+struct ReadWaiter {
+    reply: oneshot::Sender<Result<u64>>,
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct ReadRound {
+    ctx: Vec<u8>,
+    issued: Instant,
+    waiters: Vec<ReadWaiter>,
+}
+
+pub(crate) struct Driver<O: Send + 'static> {
+    cfg: Config,
+    raw: RawNode<LogStore>,
+    wal: Wal,
+    transport: Box<dyn Transport>,
+    reporter: Reporter,
+    shared: Arc<Shared<O>>,
+    rx: Receiver<Cmd>,
+    apply_tx: Sender<ApplyTask>,
+    apply_thread: Option<JoinHandle<()>>,
+    /// The configuration and members from each change on, oldest first (the first is the
+    /// snapshot's): a snapshot at index i records the last one at or before i.
+    history: Vec<(u64, ConfState, Members)>,
+    changes: HashMap<u64, oneshot::Sender<Result<Members>>>,
+    deadlines: VecDeque<(Instant, Pending)>,
+    reads_pending: Vec<ReadWaiter>,
+    reads_inflight: Option<ReadRound>,
+    reads_ready: Vec<(u64, Vec<ReadWaiter>)>,
+    read_seq: u64,
+    applied: u64,
+    snapshot_index: u64,
+    spooling: bool,
+    removed: bool,
+    last_leave: Option<Instant>,
+}
+
+/// Creates the log of a member that has none, in a temporary directory renamed into place, so
+/// a crash half-way leaves no log rather than half a one.
+fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) -> Result<()> {
+    let tmp = cfg.dir.join("wal.tmp");
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(|e| Error::Config(format!("{}: {e}", tmp.display())))?;
+    }
+    let mut wal = Wal::create(&tmp, &encode_meta(cfg.cluster_id, cfg.id), cfg.wal)?;
+    match start {
+        Start::NewCluster(members) => {
+            if !members.iter().any(|m| m.id == cfg.id) {
+                return Err(Error::Config(format!(
+                    "member {:x} is not in the initial cluster",
+                    cfg.id
+                )));
+            }
+            let members = Members::new(members.iter().cloned());
+            let mut cs = ConfState::default();
+            for m in members.iter() {
+                if m.is_learner {
+                    cs.learners.push(m.id);
+                } else {
+                    cs.voters.push(m.id);
+                }
+            }
+            snapshotter.save(&SnapMeta {
+                index: BOOTSTRAP_INDEX,
+                term: 1,
+                conf_state: cs,
+                members,
+            })?;
+            wal.save_snapshot(SnapshotMark {
+                index: BOOTSTRAP_INDEX,
+                term: 1,
+            })?;
+            let hs = HardState {
+                term: 1,
+                commit: BOOTSTRAP_INDEX,
+                ..Default::default()
+            };
+            wal.save(Some(&hs), &[], true)?;
+        }
+        Start::Join => {}
+    }
+    drop(wal);
+    let dst = cfg.dir.join("wal");
+    fs::rename(&tmp, &dst).map_err(|e| Error::Config(format!("{}: {e}", dst.display())))?;
+    fs::File::open(&cfg.dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::Config(format!("{}: {e}", cfg.dir.display())))?;
+    Ok(())
+}
+
+impl<O: Send + 'static> Driver<O> {
+    pub(crate) fn open<S: StateMachine<Output = O>>(
+        cfg: Config,
+        start: Start,
+        mut sm: S,
+        transport: impl Transport,
+        shared: Arc<Shared<O>>,
+        rx: Receiver<Cmd>,
+    ) -> Result<Self> {
+        let wal_dir = cfg.dir.join("wal");
+        let snapshotter = shared.snapshotter.clone();
+        if !wal_dir.exists() {
+            bootstrap(&cfg, &start, &snapshotter)?;
+        }
+        let (wal, rec) = Wal::open(&wal_dir, cfg.wal)?;
+        match decode_meta(&rec.metadata) {
+            Some((c, m)) if c == cfg.cluster_id && m == cfg.id => {}
+            Some((c, m)) => {
+                return Err(Error::Config(format!(
+                    "{} belongs to member {m:x} of cluster {c:x}, not member {:x} of cluster {:x}",
+                    cfg.dir.display(),
+                    cfg.id,
+                    cfg.cluster_id
+                )))
+            }
+            None => return Err(Error::Config("the WAL's metadata is not kvd's".into())),
+        }
+        let meta = if rec.snapshot.index > 0 {
+            snapshotter.load(rec.snapshot.index)?
+        } else {
+            SnapMeta::default()
+        };
+        if sm.applied() < meta.index && meta.index > BOOTSTRAP_INDEX {
+            // A snapshot from the leader was recorded but the state machine had not finished
+            // restoring it: restore it again.
+            let path = snapshotter.recv_path(meta.index);
+            let file = fs::File::open(&path).map_err(|e| {
+                Error::Config(format!(
+                    "the state machine is at index {} but the log starts after a snapshot at {} \
+                     whose data ({}) cannot be read: {e}; refusing to start",
+                    sm.applied(),
+                    meta.index,
+                    path.display()
+                ))
+            })?;
+            sm.restore(meta.index, meta.term, &mut std::io::BufReader::new(file))
+                .map_err(Error::StateMachine)?;
+            let _ = fs::remove_file(&path);
+        }
+        let mut hs = rec.hard_state.clone();
+        // The snapshot record and the hard state after it are separate writes.
+        hs.commit = hs.commit.max(meta.index);
+        hs.term = hs.term.max(meta.term);
+        let last = rec.entries.last().map_or(meta.index, |e| e.index);
+        if hs.commit > last {
+            tracing::warn!(
+                commit = hs.commit,
+                last,
+                "commit index past the log; lowered"
+            );
+            hs.commit = last;
+        }
+        let mut store = LogStore::new(meta.index, meta.term, meta.conf_state.clone(), hs);
+        store.append(rec.entries);
+        let raft_cfg = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: 1,
+            // Committed entries after the snapshot are handed out again: membership changes
+            // must reach raft; the state machine skips what it already holds.
+            applied: meta.index,
+            max_size_per_msg: cfg.max_size_per_msg,
+            max_inflight_msgs: cfg.max_inflight_msgs,
+            check_quorum: true,
+            pre_vote: true,
+            read_only_option: ReadOnlyOption::Safe,
+            ..Default::default()
+        };
+        raft_cfg.validate()?;
+        let raw = RawNode::new(&raft_cfg, store, &crate::logger::raft_logger(cfg.id))?;
+        let (apply_tx, apply_rx) = mpsc::channel();
+        let apply_thread =
+            Applier::spawn(sm, shared.clone(), cfg.snapshot_count, meta.index, apply_rx)
+                .map_err(|e| Error::Config(format!("cannot start the apply thread: {e}")))?;
+        let reporter = Reporter {
+            tx: shared.tx.clone(),
+        };
+        let mut transport: Box<dyn Transport> = Box::new(transport);
+        transport.start(reporter.clone());
+        transport.update_members(&meta.members);
+        {
+            let mut st = shared.status.lock();
+            st.members = meta.members.clone();
+            st.snapshot_index = meta.index;
+            st.applied = meta.index;
+        }
+        if let Some((path, at, n)) = &rec.repaired {
+            tracing::warn!(segment = %path.display(), offset = at, bytes = n, "WAL torn tail repaired");
+        }
+        Ok(Driver {
+            history: vec![(meta.index, meta.conf_state, meta.members)],
+            cfg,
+            raw,
+            wal,
+            transport,
+            reporter,
+            shared,
+            rx,
+            apply_tx,
+            apply_thread: Some(apply_thread),
+            changes: HashMap::new(),
+            deadlines: VecDeque::new(),
+            reads_pending: Vec::new(),
+            reads_inflight: None,
+            reads_ready: Vec::new(),
+            read_seq: 0,
+            applied: meta.index,
+            snapshot_index: meta.index,
+            spooling: false,
+            removed: false,
+            last_leave: None,
+        })
+    }
+
+    pub(crate) fn run(mut self) {
+        let tick = self.cfg.heartbeat;
+        let mut next_tick = Instant::now() + tick;
+        let result = loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let first = match self.rx.recv_timeout(wait) {
+                Ok(cmd) => Some(cmd),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break Ok(()),
+            };
+            // Take everything queued: one Ready (one fsync) serves the whole batch.
+            let mut step = Ok(true);
+            let mut next = first;
+            while let Some(cmd) = next {
+                step = self.handle(cmd);
+                if !matches!(step, Ok(true)) {
+                    break;
+                }
+                next = self.rx.try_recv().ok();
+            }
+            match step {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.raw.tick();
+                next_tick = (next_tick + tick).max(now);
+                self.on_tick(now);
+            }
+            self.issue_reads();
+            if let Err(e) = self.on_ready() {
+                break Err(e);
+            }
+            if !self.spooling {
+                if let Some(want) = self.raw.store().take_wanted() {
+                    tracing::debug!(want, "a follower needs a snapshot; spooling one");
+                    self.spooling = self.apply_tx.send(ApplyTask::Spool).is_ok();
+                }
+            }
+            self.publish_status();
+        };
+        if let Err(e) = &result {
+            tracing::error!(member = %format!("{:x}", self.cfg.id), "raft node stopped: {e}");
+        }
+        let _ = self.apply_tx.send(ApplyTask::Stop);
+        if let Some(t) = self.apply_thread.take() {
+            let _ = t.join();
+        }
+        self.fail_everything();
+    }
+
+    fn fail_everything(&mut self) {
+        self.shared.fail_all(|| Error::Stopped);
+        for (_, r) in self.changes.drain() {
+            let _ = r.send(Err(Error::Stopped));
+        }
+        let reads = mem::take(&mut self.reads_pending)
+            .into_iter()
+            .chain(
+                self.reads_inflight
+                    .take()
+                    .into_iter()
+                    .flat_map(|r| r.waiters),
+            )
+            .chain(
+                mem::take(&mut self.reads_ready)
+                    .into_iter()
+                    .flat_map(|r| r.1),
+            );
+        for w in reads {
+            let _ = w.reply.send(Err(Error::Stopped));
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.read_seq += 1;
+        self.read_seq
+    }
+
+    fn handle(&mut self, cmd: Cmd) -> Result<bool> {
+        match cmd {
+            Cmd::Propose { seq, data } => self.propose(seq, data),
+            Cmd::Change { change, reply } => self.change(change, reply),
+            Cmd::ReadIndex(reply) => {
+                if self.removed {
+                    let _ = reply.send(Err(Error::Removed));
+                } else {
+                    self.reads_pending.push(ReadWaiter {
+                        reply,
+                        deadline: deadline(self.cfg.request_timeout),
+                    });
+                }
+            }
+            Cmd::Step(m) => self.step(m),
+            Cmd::TransferLeader(id) => self.raw.transfer_leader(id),
+            Cmd::Campaign => {
+                if let Err(e) = self.raw.campaign() {
+                    tracing::info!("campaign refused: {e}");
+                }
+            }
+            Cmd::Unreachable(id) => self.raw.report_unreachable(id),
+            Cmd::SnapshotStatus(id, ok) => {
+                let status = if ok {
+                    SnapshotStatus::Finish
+                } else {
+                    SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(id, status);
+            }
+            Cmd::Applied(index) => self.on_applied(index),
+            Cmd::Durable(index) => self.record_snapshot(index)?,
+            Cmd::Spooled(index) => self.prepare_snapshot(index),
+            Cmd::Fatal(e) => return Err(e),
+            Cmd::Stop => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn leader(&self) -> Option<u64> {
+        let l = self.raw.raft.leader_id;
+        (l != 0).then_some(l)
+    }
+
+    fn dropped(&self) -> Error {
+        if self.removed {
+            Error::Removed
+        } else {
+            match self.leader() {
+                None => Error::NoLeader,
+                // A leader transfer is under way.
+                Some(_) => Error::Timeout,
+            }
+        }
+    }
+
+    fn propose(&mut self, seq: u64, data: Vec<u8>) {
+        let ctx = context(crate::node::TAG_PROPOSAL, self.cfg.id, seq, None);
+        let r = if self.removed {
+            Err(Error::Removed)
+        } else {
+            self.raw.propose(ctx, data).map_err(|_| self.dropped())
+        };
+        match r {
+            Ok(()) => self
+                .deadlines
+                .push_back((deadline(self.cfg.request_timeout), Pending::Proposal(seq))),
+            Err(e) => {
+                if let Some(w) = self.shared.waiters.lock().remove(&seq) {
+                    let _ = w.send(Err(e));
+                }
+            }
+        }
+    }
+
+    fn members(&self) -> &Members {
+        &self.history[self.history.len() - 1].2
+    }
+
+    fn change(&mut self, change: Change, reply: oneshot::Sender<Result<Members>>) {
+        let members = self.members();
+        let check = match &change {
+            Change::AddMember(m) | Change::AddLearner(m) if members.get(m.id).is_some() => {
+                Err(Error::MemberExists)
+            }
+            Change::AddMember(m) | Change::AddLearner(m) if m.id == 0 => {
+                Err(Error::Config("member id 0 is reserved".into()))
+            }
+            Change::Promote(id) => match members.get(*id) {
+                None => Err(Error::MemberNotFound),
+                Some(m) if !m.is_learner => Err(Error::NotLearner),
+                Some(_) => Ok(()),
+            },
+            Change::Remove(id) | Change::Update(Member { id, .. })
+                if members.get(*id).is_none() =>
+            {
+                Err(Error::MemberNotFound)
+            }
+            _ if self.removed => Err(Error::Removed),
+            _ => Ok(()),
+        };
+        if let Err(e) = check {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let seq = self.next_seq();
+        let r = match (&change, change_type(&change)) {
+            (Change::Update(m), _) => self
+                .raw
+                .propose(
+                    context(TAG_MEMBER_UPDATE, self.cfg.id, seq, Some(m)),
+                    vec![],
+                )
+                .map_err(|_| self.dropped()),
+            (_, Some((kind, id))) => {
+                if self.raw.raft.state == StateRole::Leader
+                    && self.raw.raft.pending_conf_index > self.raw.raft.raft_log.applied
+                {
+                    let _ = reply.send(Err(Error::Unhealthy));
+                    return;
+                }
+                let member = match &change {
+                    Change::AddMember(m) => Some(Member {
+                        is_learner: false,
+                        ..m.clone()
+                    }),
+                    Change::AddLearner(m) => Some(Member {
+                        is_learner: true,
+                        ..m.clone()
+                    }),
+                    _ => None,
+                };
+                let mut single = ConfChangeSingle::default();
+                single.set_change_type(kind);
+                single.node_id = id;
+                let mut cc = ConfChangeV2::default();
+                cc.mut_changes().push(single);
+                let ctx = context(TAG_CONF, self.cfg.id, seq, member.as_ref());
+                self.raw
+                    .propose_conf_change(ctx, cc)
+                    .map_err(|_| self.dropped())
+            }
+            (_, None) => Ok(()),
+        };
+        match r {
+            Ok(()) => {
+                self.changes.insert(seq, reply);
+                self.deadlines
+                    .push_back((deadline(self.cfg.request_timeout), Pending::Change(seq)));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    fn step(&mut self, m: Message) {
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            let index = m.get_snapshot().get_metadata().index;
+            if !self.shared.snapshotter.recv_path(index).exists() {
+                tracing::warn!(
+                    from = m.from,
+                    index,
+                    "snapshot message without its data; dropped"
+                );
+                return;
+            }
+        }
+        if let Err(e) = self.raw.step(m) {
+            tracing::debug!("message not taken: {e}");
+        }
+    }
+
+    fn on_applied(&mut self, index: u64) {
+        self.applied = self.applied.max(index);
+        let log = &self.raw.raft.raft_log;
+        let to = index.min(log.committed).min(log.persisted);
+        if to > log.applied {
+            self.raw.advance_apply_to(to);
+        }
+        let applied = self.applied;
+        let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.reads_ready)
+            .into_iter()
+            .partition(|(i, _)| *i <= applied);
+        self.reads_ready = wait;
+        for (i, ws) in done {
+            for w in ws {
+                let _ = w.reply.send(Ok(i));
+            }
+        }
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        while let Some((d, _)) = self.deadlines.front() {
+            if *d > now {
+                break;
+            }
+            let Some((_, p)) = self.deadlines.pop_front() else {
+                break;
+            };
+            match p {
+                Pending::Proposal(seq) => {
+                    if let Some(w) = self.shared.waiters.lock().remove(&seq) {
+                        let _ = w.send(Err(Error::Timeout));
+                    }
+                }
+                Pending::Change(seq) => {
+                    if let Some(r) = self.changes.remove(&seq) {
+                        let _ = r.send(Err(Error::Timeout));
+                    }
+                }
+            }
+        }
+        let expire = |ws: &mut Vec<ReadWaiter>| {
+            let (gone, keep): (Vec<_>, Vec<_>) =
+                mem::take(ws).into_iter().partition(|w| w.deadline <= now);
+            *ws = keep;
+            for w in gone {
+                let _ = w.reply.send(Err(Error::Timeout));
+            }
+        };
+        expire(&mut self.reads_pending);
+        for (_, ws) in &mut self.reads_ready {
+            expire(ws);
+        }
+        self.reads_ready.retain(|(_, ws)| !ws.is_empty());
+        // raft-rs drops a read silently (no leader; a new leader that has not committed in its
+        // term): ask again after a few heartbeats.
+        let retry = self.cfg.heartbeat * 5;
+        if let Some(round) = &mut self.reads_inflight {
+            expire(&mut round.waiters);
+            if round.waiters.is_empty() || now.duration_since(round.issued) >= retry {
+                if let Some(r) = self.reads_inflight.take() {
+                    self.reads_pending.extend(r.waiters);
+                }
+            }
+        }
+        self.maybe_leave_joint(now);
+    }
+
+    /// raft-rs leaves a joint configuration by itself only if the leader that entered it is
+    /// still leader when it applies it; any later leader does it here.
+    fn maybe_leave_joint(&mut self, now: Instant) {
+        let joint = !self.history[self.history.len() - 1]
+            .1
+            .voters_outgoing
+            .is_empty();
+        let r = &self.raw.raft;
+        if !joint || r.state != StateRole::Leader || r.pending_conf_index > r.raft_log.applied {
+            return;
+        }
+        let timeout = self.cfg.heartbeat * self.cfg.election_ticks as u32;
+        if self
+            .last_leave
+            .is_some_and(|t| now.duration_since(t) < timeout)
+        {
+            return;
+        }
+        self.last_leave = Some(now);
+        tracing::info!("leaving the joint configuration");
+        if let Err(e) = self
+            .raw
+            .propose_conf_change(vec![], ConfChangeV2::default())
+        {
+            tracing::warn!("cannot propose leaving the joint configuration: {e}");
+        }
+    }
+
+    fn issue_reads(&mut self) {
+        if self.reads_inflight.is_some() || self.reads_pending.is_empty() {
+            return;
+        }
+        let ctx = self.next_seq().to_le_bytes().to_vec();
+        self.raw.read_index(ctx.clone());
+        self.reads_inflight = Some(ReadRound {
+            ctx,
+            issued: Instant::now(),
+            waiters: mem::take(&mut self.reads_pending),
+        });
+    }
+
+    fn on_read_states(&mut self, states: Vec<ReadState>) {
+        for rs in states {
+            if self
+                .reads_inflight
+                .as_ref()
+                .is_some_and(|r| r.ctx == rs.request_ctx)
+            {
+                if let Some(round) = self.reads_inflight.take() {
+                    self.reads_ready.push((rs.index, round.waiters));
+                }
+            }
+        }
+        self.on_applied(self.applied);
+    }
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        if msgs.is_empty() {
+            return;
+        }
+        let mut plain = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            if m.get_msg_type() != MessageType::MsgSnapshot {
+                plain.push(m);
+                continue;
+            }
+            let index = m.get_snapshot().get_metadata().index;
+            let path = self.shared.snapshotter.spool_path(index);
+            let to = m.to;
+            if path.exists() {
+                let done = SnapshotDone::new(self.reporter.clone(), to);
+                self.transport.send_snapshot(m, path, done);
+            } else {
+                tracing::warn!(to, index, "snapshot data is gone; will prepare another");
+                self.raw.report_snapshot(to, SnapshotStatus::Failure);
+            }
+        }
+        if !plain.is_empty() {
+            self.transport.send(plain);
+        }
+    }
+
+    fn on_ready(&mut self) -> Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        // A leader sends its appends before its own fsync (raft thesis 10.2.1).
+        self.send(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            self.install_snapshot(rd.snapshot().clone())?;
+        }
+        let entries = rd.take_entries();
+        let hs = rd.hs().cloned();
+        self.wal.save(hs.as_ref(), &entries, rd.must_sync())?;
+        if let Some(hs) = hs {
+            self.raw.mut_store().set_hard_state(hs);
+        }
+        self.raw.mut_store().append(entries);
+        self.send(rd.take_persisted_messages());
+        self.handoff(rd.take_committed_entries())?;
+        self.on_read_states(rd.take_read_states());
+        let mut light = self.raw.advance_append(rd);
+        if let Some(commit) = light.commit_index() {
+            // The commit index reaches the WAL before the entries it covers are applied.
+            self.raw.mut_store().set_commit(commit);
+            let hs = self.raw.store().hard_state().clone();
+            self.wal.save(Some(&hs), &[], false)?;
+        }
+        self.send(light.take_messages());
+        self.handoff(light.take_committed_entries())?;
+        Ok(())
+    }
+
+    /// Committed entries go to the apply thread; membership changes take effect here first.
+    fn handoff(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        for e in &entries {
+            let ctx = if e.context.is_empty() {
+                None
+            } else {
+                parse_context(&e.context)
+                    .map_err(|err| tracing::warn!(index = e.index, "entry with {err}"))
+                    .ok()
+            };
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {
+                    if let Some((TAG_MEMBER_UPDATE, origin, seq, Some(m))) = ctx {
+                        self.update_member(e.index, origin, seq, m);
+                    }
+                }
+                EntryType::EntryConfChange => match protobuf::Message::parse_from_bytes(&e.data) {
+                    Ok(cc) => {
+                        let cc: ConfChange = cc;
+                        let mut single = ConfChangeSingle::default();
+                        single.set_change_type(cc.get_change_type());
+                        single.node_id = cc.node_id;
+                        let mut v2 = ConfChangeV2::default();
+                        v2.mut_changes().push(single);
+                        self.apply_conf_change(e.index, v2, ctx);
+                    }
+                    Err(err) => tracing::error!(index = e.index, "bad conf change: {err}"),
+                },
+                EntryType::EntryConfChangeV2 => {
+                    match protobuf::Message::parse_from_bytes(&e.data) {
+                        Ok(cc) => self.apply_conf_change(e.index, cc, ctx),
+                        Err(err) => tracing::error!(index = e.index, "bad conf change: {err}"),
+                    }
+                }
+            }
+        }
+        self.apply_tx
+            .send(ApplyTask::Entries(entries))
+            .map_err(|_| Error::Stopped)
+    }
+
+    fn set_members(&mut self, index: u64, cs: ConfState, members: Members) {
+        let was_member = self.members().get(self.cfg.id).is_some();
+        self.transport.update_members(&members);
+        self.shared.status.lock().members = members.clone();
+        if was_member && members.get(self.cfg.id).is_none() {
+            tracing::warn!(member = %format!("{:x}", self.cfg.id), "this member was removed from the cluster");
+            self.removed = true;
+            self.shared.fail_all(|| Error::Removed);
+        }
+        self.history.push((index, cs, members));
+    }
+
+    fn apply_conf_change(
+        &mut self,
+        index: u64,
+        cc: ConfChangeV2,
+        ctx: Option<crate::node::Context>,
+    ) {
+        let (origin, seq, member) = match ctx {
+            Some((TAG_CONF, origin, seq, member)) => (origin, seq, member),
+            _ => (0, 0, None),
+        };
+        let reply = (origin == self.cfg.id)
+            .then(|| self.changes.remove(&seq))
+            .flatten();
+        let cs = match self.raw.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(e) => {
+                tracing::warn!(index, "membership change not applied: {e}");
+                if let Some(r) = reply {
+                    let _ = r.send(Err(Error::Raft(e)));
+                }
+                return;
+            }
+        };
+        let mut members = self.members().clone();
+        for ch in cc.get_changes() {
+            use raft::eraftpb::ConfChangeType::*;
+            let id = ch.node_id;
+            let learner = ch.get_change_type() == AddLearnerNode;
+            match ch.get_change_type() {
+                AddNode | AddLearnerNode => {
+                    let m = members.0.entry(id).or_insert_with(|| {
+                        member.clone().filter(|m| m.id == id).unwrap_or(Member {
+                            id,
+                            ..Default::default()
+                        })
+                    });
+                    m.is_learner = learner;
+                }
+                RemoveNode => {
+                    members.0.remove(&id);
+                }
+            }
+        }
+        tracing::info!(index, voters = ?cs.voters, learners = ?cs.learners, outgoing = ?cs.voters_outgoing, "membership changed");
+        self.set_members(index, cs, members.clone());
+        if let Some(r) = reply {
+            let _ = r.send(Ok(members));
+        }
+    }
+
+    fn update_member(&mut self, index: u64, origin: u64, seq: u64, m: Member) {
+        let reply = (origin == self.cfg.id)
+            .then(|| self.changes.remove(&seq))
+            .flatten();
+        let mut members = self.members().clone();
+        let Some(cur) = members.0.get_mut(&m.id) else {
+            if let Some(r) = reply {
+                let _ = r.send(Err(Error::MemberNotFound));
+            }
+            return;
+        };
+        cur.peer_urls = m.peer_urls;
+        if !m.name.is_empty() {
+            cur.name = m.name;
+        }
+        if !m.client_urls.is_empty() {
+            cur.client_urls = m.client_urls;
+        }
+        let cs = self.history[self.history.len() - 1].1.clone();
+        self.set_members(index, cs, members.clone());
+        if let Some(r) = reply {
+            let _ = r.send(Ok(members));
+        }
+    }
+
+    /// The configuration and members in effect at `index`.
+    fn conf_at(&self, index: u64) -> (ConfState, Members) {
+        let h = self
+            .history
+            .iter()
+            .rev()
+            .find(|h| h.0 <= index)
+            .unwrap_or(&self.history[0]);
+        (h.1.clone(), h.2.clone())
+    }
+
+    /// A snapshot from the leader, in a Ready: record it, then restore the state machine.
+    fn install_snapshot(&mut self, snap: Snapshot) -> Result<()> {
+        let meta = snap.get_metadata().clone();
+        let members = Members::decode(&snap.data).unwrap_or_else(|e| {
+            tracing::error!("snapshot {}: {e}; keeping the member list", meta.index);
+            self.members().clone()
+        });
+        let cs = meta.get_conf_state().clone();
+        self.shared.snapshotter.save(&SnapMeta {
+            index: meta.index,
+            term: meta.term,
+            conf_state: cs.clone(),
+            members: members.clone(),
+        })?;
+        fail::fail_point!("raft_snapshot_save");
+        self.wal.save_snapshot(SnapshotMark {
+            index: meta.index,
+            term: meta.term,
+        })?;
+        self.raw.mut_store().apply_snapshot(&meta);
+        self.set_members(meta.index, cs, members);
+        let last = self.history.len() - 1;
+        self.history.drain(..last);
+        self.snapshot_index = meta.index;
+        tracing::info!(
+            index = meta.index,
+            term = meta.term,
+            "installing the leader's snapshot"
+        );
+        self.apply_tx
+            .send(ApplyTask::Restore {
+                index: meta.index,
+                term: meta.term,
+            })
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// The state machine is durable up to `index`: record a snapshot there and drop the log
+    /// behind it (keeping some entries in memory for followers that are a little behind).
+    fn record_snapshot(&mut self, index: u64) -> Result<()> {
+        let Some(term) = self.raw.store().term_of(index) else {
+            tracing::warn!(index, "no term for the snapshot index; skipped");
+            return Ok(());
+        };
+        let (conf_state, members) = self.conf_at(index);
+        self.shared.snapshotter.save(&SnapMeta {
+            index,
+            term,
+            conf_state,
+            members,
+        })?;
+        fail::fail_point!("raft_snapshot_save");
+        self.wal.save_snapshot(SnapshotMark { index, term })?;
+        let keep_from = index.saturating_sub(self.cfg.snapshot_catchup_entries);
+        self.raw.mut_store().compact(keep_from);
+        let wals = self.wal.purge(index, self.cfg.max_wals)?;
+        let prepared = self.raw.store().prepared_index();
+        let snaps = self
+            .shared
+            .snapshotter
+            .purge(self.cfg.max_snapshots, (prepared > 0).then_some(prepared))?;
+        // Keep the last configuration at or before the snapshot and every later one.
+        let first = self.history.iter().rposition(|h| h.0 <= index).unwrap_or(0);
+        self.history.drain(..first);
+        self.snapshot_index = index;
+        tracing::info!(index, term, wals, snaps, "snapshot saved; log compacted");
+        Ok(())
+    }
+
+    /// The state machine's data at `index` is spooled: offer it to followers.
+    fn prepare_snapshot(&mut self, index: Option<u64>) {
+        self.spooling = false;
+        let Some(index) = index else { return };
+        let Some(term) = self.raw.store().term_of(index) else {
+            tracing::warn!(
+                index,
+                "spooled snapshot is behind the log; another will be made"
+            );
+            return;
+        };
+        let (cs, members) = self.conf_at(index);
+        let mut snap = Snapshot::default();
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(cs);
+        snap.data = SnapMeta::envelope(&members).into();
+        self.raw.mut_store().set_prepared(snap);
+        if let Err(e) = self
+            .shared
+            .snapshotter
+            .purge(self.cfg.max_snapshots, Some(index))
+        {
+            tracing::warn!("cannot purge old snapshots: {e}");
+        }
+    }
+
+    fn publish_status(&mut self) {
+        let r = &self.raw.raft;
+        let role = match r.state {
+            StateRole::Follower => Role::Follower,
+            StateRole::PreCandidate => Role::PreCandidate,
+            StateRole::Candidate => Role::Candidate,
+            StateRole::Leader => Role::Leader,
+        };
+        if role == Role::Leader {
+            let mut led = self.shared.led.lock();
+            if led.last() != Some(&r.term) {
+                led.push(r.term);
+            }
+        }
+        let mut st = self.shared.status.lock();
+        st.leader = (r.leader_id != 0).then_some(r.leader_id);
+        st.term = r.term;
+        st.role = role;
+        st.commit = r.raft_log.committed;
+        st.applied = self.applied;
+        st.snapshot_index = self.snapshot_index;
+        st.removed = self.removed;
+    }
+}

@@ -1,0 +1,175 @@
+//! Cluster members: who they are, where their peers listen, and the ids derived from that.
+
+use std::collections::BTreeMap;
+
+use crate::codec::{put_bytes, put_u64, Malformed, Reader};
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    /// Its raft id (never 0).
+    pub id: u64,
+    /// `--name`; empty until the member has started and published it.
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    /// A learner receives the log but does not vote.
+    pub is_learner: bool,
+}
+
+impl Member {
+    pub(crate) fn encode(&self, buf: &mut Vec<u8>) {
+        put_u64(buf, self.id);
+        put_bytes(buf, self.name.as_bytes());
+        put_u64(buf, self.peer_urls.len() as u64);
+        for u in &self.peer_urls {
+            put_bytes(buf, u.as_bytes());
+        }
+        put_u64(buf, self.client_urls.len() as u64);
+        for u in &self.client_urls {
+            put_bytes(buf, u.as_bytes());
+        }
+        buf.push(self.is_learner as u8);
+    }
+
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Member, Malformed> {
+        let id = r.u64()?;
+        let name = r.string()?;
+        let mut urls = || -> Result<Vec<String>, Malformed> {
+            let n = r.u64()?;
+            (0..n).map(|_| r.string()).collect()
+        };
+        let peer_urls = urls()?;
+        let client_urls = urls()?;
+        let is_learner = r.u8()? != 0;
+        Ok(Member {
+            id,
+            name,
+            peer_urls,
+            client_urls,
+            is_learner,
+        })
+    }
+}
+
+/// The member list, by id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Members(pub BTreeMap<u64, Member>);
+
+impl Members {
+    pub fn new(members: impl IntoIterator<Item = Member>) -> Members {
+        Members(members.into_iter().map(|m| (m.id, m)).collect())
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Member> {
+        self.0.get(&id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.0.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        put_u64(&mut buf, self.0.len() as u64);
+        for m in self.0.values() {
+            m.encode(&mut buf);
+        }
+        buf
+    }
+
+    pub(crate) fn decode(buf: &[u8]) -> Result<Members, Malformed> {
+        let mut r = Reader::new(buf, "member list");
+        let n = r.u64()?;
+        let mut out = BTreeMap::new();
+        for _ in 0..n {
+            let m = Member::decode(&mut r)?;
+            out.insert(m.id, m);
+        }
+        r.finish()?;
+        Ok(Members(out))
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash (unlike std's) for ids that must agree across processes and
+/// versions.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator, so ("ab","c") and ("a","bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+/// The id of a member with these peer URLs in the cluster named `token`
+/// (`--initial-cluster-token`). As etcd, a member added later also mixes in the time it was
+/// added (`added_at`, e.g. Unix nanoseconds), so re-adding the same URLs gives a new id.
+pub fn member_id(peer_urls: &[String], token: &str, added_at: Option<u64>) -> u64 {
+    let mut urls: Vec<&str> = peer_urls.iter().map(|s| s.as_str()).collect();
+    urls.sort_unstable();
+    let joined = urls.join(",");
+    let time = added_at.map(|t| t.to_le_bytes()).unwrap_or_default();
+    let time: &[u8] = if added_at.is_some() { &time } else { &[] };
+    fnv1a(&[joined.as_bytes(), token.as_bytes(), time])
+}
+
+/// The id of a cluster bootstrapped with these members.
+pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
+    let mut ids = member_ids.to_vec();
+    ids.sort_unstable();
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    fnv1a(&[&bytes, token.as_bytes()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_round_trip_and_reject_garbage() {
+        let ms = Members::new([
+            Member {
+                id: 7,
+                name: "a".into(),
+                peer_urls: vec!["http://127.0.0.1:2380".into()],
+                client_urls: vec![],
+                is_learner: false,
+            },
+            Member {
+                id: 9,
+                is_learner: true,
+                ..Default::default()
+            },
+        ]);
+        let buf = ms.encode();
+        assert_eq!(Members::decode(&buf).unwrap(), ms);
+        for cut in 0..buf.len() {
+            assert!(Members::decode(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn ids_are_stable_and_order_free() {
+        let a = vec!["http://a:1".to_string(), "http://b:2".to_string()];
+        let b = vec!["http://b:2".to_string(), "http://a:1".to_string()];
+        assert_eq!(member_id(&a, "t", None), member_id(&b, "t", None));
+        assert_ne!(member_id(&a, "t", None), member_id(&a, "u", None));
+        assert_ne!(member_id(&a, "t", None), member_id(&a, "t", Some(1)));
+        assert_eq!(cluster_id(&[1, 2], "t"), cluster_id(&[2, 1], "t"));
+        assert_ne!(cluster_id(&[1, 2], "t"), cluster_id(&[1, 3], "t"));
+    }
+}

@@ -1,0 +1,471 @@
+//! [`RaftNode`]: one raft member — its log on disk, the raft thread that runs raft-rs's Ready
+//! loop, and the apply thread that feeds committed entries to the [`StateMachine`].
+//!
+//! The raft thread persists each Ready (entries and hard state: one WAL write, one fdatasync),
+//! sends messages (a leader sends its appends before its own fsync, as raft allows), hands
+//! committed entries to the apply thread, and applies membership changes itself (raft needs the
+//! new configuration at once; the member list at any index is kept for snapshots). The apply
+//! thread applies entries in order, answers the proposals made here, and every
+//! `snapshot_count` entries asks the state machine to make its state durable, after which the
+//! raft thread records a snapshot and purges the WAL behind it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use raft::eraftpb::{ConfChangeType, Message, MessageType};
+use tokio::sync::oneshot;
+
+use crate::codec::{put_u64, Malformed, Reader};
+use crate::member::{Member, Members};
+use crate::snap::{SnapError, Snapshotter};
+use crate::transport::Transport;
+use crate::wal;
+
+/// A committed entry as the state machine sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Committed<'a> {
+    pub index: u64,
+    pub term: u64,
+    /// The proposed bytes; `None` for raft's own entries (a new leader's empty entry,
+    /// membership changes), which the state machine only counts as applied.
+    pub data: Option<&'a [u8]>,
+}
+
+/// What consensus replicates into. It knows nothing of keys: kvd's implementation applies
+/// requests to mvcc.
+pub trait StateMachine: Send + 'static {
+    /// The answer to a proposal, handed to whoever proposed it on this member.
+    type Output: Send + 'static;
+
+    /// The index of the last entry applied (0 for a new state machine). After a restart this is
+    /// what the state machine made durable; entries up to it are not given again.
+    fn applied(&self) -> u64;
+
+    /// Applies committed entries, in order: one output per entry. The index of the last one
+    /// is applied afterwards. An error stops the member.
+    fn apply(&mut self, batch: &[Committed<'_>]) -> io::Result<Vec<Self::Output>>;
+
+    /// Makes everything applied durable: the log before it is then deleted.
+    fn sync(&mut self) -> io::Result<()>;
+
+    /// The state at `applied()`, as a stream a follower can restore from. Must return quickly
+    /// (a consistent view, read lazily); the stream is read on another thread.
+    fn snapshot(&mut self) -> io::Result<Box<dyn Read + Send>>;
+
+    /// Replaces the whole state with a snapshot's (the entry at `index`, `term` and all before
+    /// it); durable on return, `applied()` is `index` afterwards.
+    fn restore(&mut self, index: u64, term: u64, data: &mut dyn Read) -> io::Result<()>;
+}
+
+/// Errors of a node and of its requests.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No leader is known (an election is under way, or this member is cut off).
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// The request did not complete in time (its entry may still commit later).
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// This member was removed from the cluster.
+    #[error("etcdserver: the member has been permanently removed from the cluster")]
+    Removed,
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
+    #[error("etcdserver: member ID already exist")]
+    MemberExists,
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: can only promote a learner member")]
+    NotLearner,
+    #[error(transparent)]
+    Wal(#[from] wal::Error),
+    #[error(transparent)]
+    Snap(#[from] SnapError),
+    #[error("state machine: {0}")]
+    StateMachine(#[source] io::Error),
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("{0}")]
+    Malformed(#[from] Malformed),
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Settings of a node; [`Config::new`] gives etcd's defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This member's id.
+    pub id: u64,
+    pub cluster_id: u64,
+    /// The member directory: `wal/` and `snap/` go under it.
+    pub dir: PathBuf,
+    /// `--heartbeat-interval`: one raft tick.
+    pub heartbeat: Duration,
+    /// `--election-timeout`, in ticks.
+    pub election_ticks: usize,
+    /// `--snapshot-count`: entries applied between snapshots.
+    pub snapshot_count: u64,
+    /// Entries kept in memory behind a snapshot for slow followers.
+    pub snapshot_catchup_entries: u64,
+    /// Snapshot files and WAL segments kept (`--max-snapshots`, `--max-wals`).
+    pub max_snapshots: usize,
+    pub max_wals: usize,
+    /// How long a proposal, read or membership change may wait.
+    pub request_timeout: Duration,
+    pub wal: wal::Options,
+    pub max_size_per_msg: u64,
+    pub max_inflight_msgs: usize,
+}
+
+impl Config {
+    pub fn new(id: u64, cluster_id: u64, dir: impl Into<PathBuf>) -> Config {
+        let heartbeat = Duration::from_millis(100);
+        let election_ticks = 10;
+        Config {
+            id,
+            cluster_id,
+            dir: dir.into(),
+            heartbeat,
+            election_ticks,
+            snapshot_count: 10_000,
+            snapshot_catchup_entries: 5_000,
+            max_snapshots: 5,
+            max_wals: 5,
+            // etcd: 5 s plus two election timeouts.
+            request_timeout: Duration::from_secs(5) + heartbeat * (2 * election_ticks as u32),
+            wal: wal::Options::default(),
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 512,
+        }
+    }
+}
+
+/// How a member without data starts (one with data always restarts from it).
+#[derive(Debug, Clone)]
+pub enum Start {
+    /// Bootstrap a new cluster of these members (`--initial-cluster-state new`).
+    NewCluster(Vec<Member>),
+    /// Join a cluster that already lists this member (`--initial-cluster-state existing`).
+    Join,
+}
+
+/// One membership change (applied through raft's ConfChangeV2).
+#[derive(Debug, Clone)]
+pub enum Change {
+    AddMember(Member),
+    AddLearner(Member),
+    Promote(u64),
+    Remove(u64),
+    /// New peer URLs for a member (a replicated entry, not a configuration change).
+    Update(Member),
+}
+
+/// Raft role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    #[default]
+    Follower,
+    PreCandidate,
+    Candidate,
+    Leader,
+}
+
+/// What a node knows right now.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub id: u64,
+    pub cluster_id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub role: Role,
+    pub commit: u64,
+    pub applied: u64,
+    pub members: Members,
+    /// The last snapshot taken or installed.
+    pub snapshot_index: u64,
+    pub removed: bool,
+}
+
+type Waiter<O> = oneshot::Sender<Result<O>>;
+
+/// State shared by the handle, the raft thread and the apply thread.
+pub(crate) struct Shared<O> {
+    pub(crate) id: u64,
+    pub(crate) tx: Sender<Cmd>,
+    pub(crate) waiters: Mutex<HashMap<u64, Waiter<O>>>,
+    next_seq: AtomicU64,
+    pub(crate) status: Mutex<Status>,
+    /// Terms in which this member was leader.
+    pub(crate) led: Mutex<Vec<u64>>,
+    pub(crate) snapshotter: Snapshotter,
+}
+
+impl<O> std::fmt::Debug for Shared<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("id", &self.id).finish()
+    }
+}
+
+impl<O> Shared<O> {
+    /// Answers every outstanding proposal with `err` (the node is going away).
+    pub(crate) fn fail_all(&self, err: impl Fn() -> Error) {
+        for (_, w) in self.waiters.lock().drain() {
+            let _ = w.send(Err(err()));
+        }
+    }
+}
+
+/// Commands to the raft thread.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Propose {
+        seq: u64,
+        data: Vec<u8>,
+    },
+    Change {
+        change: Change,
+        reply: oneshot::Sender<Result<Members>>,
+    },
+    ReadIndex(oneshot::Sender<Result<u64>>),
+    Step(Message),
+    TransferLeader(u64),
+    Campaign,
+    Unreachable(u64),
+    SnapshotStatus(u64, bool),
+    /// From the apply thread: everything up to here is applied.
+    Applied(u64),
+    /// From the apply thread: the state machine is durable up to here; record a snapshot.
+    Durable(u64),
+    /// The state machine's data at this index is spooled for followers (or failed to be).
+    Spooled(Option<u64>),
+    /// The apply thread failed; stop.
+    Fatal(Error),
+    Stop,
+}
+
+/// Entry contexts: `tag | origin member | sequence` and, for membership, the member.
+pub(crate) const TAG_PROPOSAL: u8 = 1;
+pub(crate) const TAG_CONF: u8 = 2;
+pub(crate) const TAG_MEMBER_UPDATE: u8 = 3;
+
+pub(crate) fn context(tag: u8, origin: u64, seq: u64, member: Option<&Member>) -> Vec<u8> {
+    let mut buf = vec![tag];
+    put_u64(&mut buf, origin);
+    put_u64(&mut buf, seq);
+    if let Some(m) = member {
+        m.encode(&mut buf);
+    }
+    buf
+}
+
+/// An entry context decoded: (tag, origin, seq, member).
+pub(crate) type Context = (u8, u64, u64, Option<Member>);
+
+pub(crate) fn parse_context(ctx: &[u8]) -> Result<Context, Malformed> {
+    let mut r = Reader::new(ctx, "entry context");
+    let tag = r.u8()?;
+    let origin = r.u64()?;
+    let seq = r.u64()?;
+    let member = if r.is_empty() {
+        None
+    } else {
+        Some(Member::decode(&mut r)?)
+    };
+    r.finish()?;
+    Ok((tag, origin, seq, member))
+}
+
+/// A running raft member. Dropping it stops it.
+pub struct RaftNode<O: Send + 'static> {
+    shared: Arc<Shared<O>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<O: Send + 'static> std::fmt::Debug for RaftNode<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftNode")
+            .field("id", &self.shared.id)
+            .finish()
+    }
+}
+
+impl<O: Send + 'static> RaftNode<O> {
+    /// Starts a member: restarts from `cfg.dir` if it holds a log, otherwise starts as `start`
+    /// says. Returns once the log is replayed and the threads run.
+    pub fn start<S>(cfg: Config, start: Start, sm: S, transport: impl Transport) -> Result<Self>
+    where
+        S: StateMachine<Output = O>,
+    {
+        if cfg.id == 0 {
+            return Err(Error::Config("member id 0 is reserved".into()));
+        }
+        let snapshotter = Snapshotter::new(cfg.dir.join("snap"))?;
+        let (tx, rx) = mpsc::channel();
+        let seq0 = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let shared = Arc::new(Shared {
+            id: cfg.id,
+            tx,
+            waiters: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(seq0),
+            status: Mutex::new(Status {
+                id: cfg.id,
+                cluster_id: cfg.cluster_id,
+                ..Default::default()
+            }),
+            led: Mutex::new(Vec::new()),
+            snapshotter,
+        });
+        let driver = crate::driver::Driver::open(cfg, start, sm, transport, shared.clone(), rx)?;
+        let thread = std::thread::Builder::new()
+            .name(format!("raft-{:x}", shared.id))
+            .spawn(move || driver.run())
+            .map_err(|e| Error::Config(format!("cannot start the raft thread: {e}")))?;
+        Ok(RaftNode {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        self.shared.tx.send(cmd).map_err(|_| Error::Stopped)
+    }
+
+    /// Proposes `data`; resolves with the state machine's output once this member applied it.
+    /// Followers forward proposals to the leader.
+    pub fn propose(&self, data: Vec<u8>) -> impl Future<Output = Result<O>> + Send + 'static {
+        let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.shared.waiters.lock().insert(seq, tx);
+        if self.send(Cmd::Propose { seq, data }).is_err() {
+            self.shared.waiters.lock().remove(&seq);
+        }
+        async move { rx.await.unwrap_or(Err(Error::Stopped)) }
+    }
+
+    /// A linearizable read point: resolves with a commit index once this member has applied
+    /// at least that far, so a local read then sees every write acknowledged before the call.
+    /// Reads waiting together share one round of heartbeats.
+    pub fn read_index(&self) -> impl Future<Output = Result<u64>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.send(Cmd::ReadIndex(tx));
+        async move { rx.await.unwrap_or(Err(Error::Stopped)) }
+    }
+
+    /// Changes the membership; resolves with the member list once the change is applied here.
+    pub fn change_membership(
+        &self,
+        change: Change,
+    ) -> impl Future<Output = Result<Members>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.send(Cmd::Change { change, reply: tx });
+        async move { rx.await.unwrap_or(Err(Error::Stopped)) }
+    }
+
+    /// Asks the leader to hand leadership to `id` (best effort; watch [`RaftNode::status`]).
+    pub fn transfer_leader(&self, id: u64) -> Result<()> {
+        self.send(Cmd::TransferLeader(id))
+    }
+
+    /// Starts an election now (tests and tools).
+    pub fn campaign(&self) -> Result<()> {
+        self.send(Cmd::Campaign)
+    }
+
+    /// Where the transport delivers messages from peers to this node.
+    pub fn inbox(&self) -> Inbox {
+        Inbox {
+            tx: self.shared.tx.clone(),
+            snapshotter: self.shared.snapshotter.clone(),
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        self.shared.status.lock().clone()
+    }
+
+    pub fn members(&self) -> Members {
+        self.shared.status.lock().members.clone()
+    }
+
+    /// The terms in which this member has been leader (to check: never two leaders in a term).
+    pub fn led_terms(&self) -> Vec<u64> {
+        self.shared.led.lock().clone()
+    }
+
+    /// Stops the node and waits for its threads. Outstanding requests get [`Error::Stopped`].
+    pub fn stop(&mut self) {
+        let _ = self.shared.tx.send(Cmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.shared.fail_all(|| Error::Stopped);
+    }
+}
+
+impl<O: Send + 'static> Drop for RaftNode<O> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Delivers messages from peers to a node (cheap to clone; outlives the node harmlessly).
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    tx: Sender<Cmd>,
+    snapshotter: Snapshotter,
+}
+
+impl Inbox {
+    /// A message from a peer.
+    pub fn step(&self, msg: Message) -> Result<()> {
+        self.tx.send(Cmd::Step(msg)).map_err(|_| Error::Stopped)
+    }
+
+    /// A snapshot message from the leader with the state machine's data: the data is saved
+    /// (durably) before raft sees the message. Runs on the caller's thread.
+    pub fn receive_snapshot(&self, msg: Message, data: &mut dyn Read) -> Result<()> {
+        if msg.get_msg_type() != MessageType::MsgSnapshot {
+            return Err(Error::Config(
+                "receive_snapshot: not a snapshot message".into(),
+            ));
+        }
+        Members::decode(&msg.get_snapshot().data)?;
+        let index = msg.get_snapshot().get_metadata().index;
+        crate::snap::write_atomic(&self.snapshotter.recv_path(index), data)?;
+        self.step(msg)
+    }
+}
+
+/// The raft-rs change type for a membership change.
+pub(crate) fn change_type(c: &Change) -> Option<(ConfChangeType, u64)> {
+    match c {
+        Change::AddMember(m) => Some((ConfChangeType::AddNode, m.id)),
+        Change::AddLearner(m) => Some((ConfChangeType::AddLearnerNode, m.id)),
+        Change::Promote(id) => Some((ConfChangeType::AddNode, *id)),
+        Change::Remove(id) => Some((ConfChangeType::RemoveNode, *id)),
+        Change::Update(_) => None,
+    }
+}
+
+/// A deadline `timeout` from now.
+pub(crate) fn deadline(timeout: Duration) -> Instant {
+    Instant::now() + timeout
+}

@@ -1,0 +1,72 @@
+//! How raft messages leave a member. The node hands messages to a [`Transport`] and learns of
+//! failures through a [`Reporter`]; messages arriving from peers go in through
+//! [`crate::RaftNode::step`] and [`crate::RaftNode::receive_snapshot`].
+
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+
+use raft::eraftpb::Message;
+
+use crate::member::Members;
+use crate::node::Cmd;
+
+/// Carries raft messages to peers. Called from the raft thread: no method may block.
+pub trait Transport: Send + 'static {
+    /// Called once, before any message is sent.
+    fn start(&mut self, reporter: Reporter);
+    /// Sends messages (never `MsgSnapshot`), best effort: a message may be lost, raft resends.
+    fn send(&mut self, msgs: Vec<Message>);
+    /// Sends a snapshot message with the state machine's data read from the file at `data`;
+    /// `done` must be told whether the follower got it.
+    fn send_snapshot(&mut self, msg: Message, data: PathBuf, done: SnapshotDone);
+    /// The member list changed: connect to new peers, drop removed ones.
+    fn update_members(&mut self, members: &Members);
+}
+
+/// Tells the node what became of messages it sent.
+#[derive(Debug, Clone)]
+pub struct Reporter {
+    pub(crate) tx: Sender<Cmd>,
+}
+
+impl Reporter {
+    /// `id` could not be reached (raft slows down sending to it).
+    pub fn unreachable(&self, id: u64) {
+        let _ = self.tx.send(Cmd::Unreachable(id));
+    }
+}
+
+/// The outcome of one snapshot transfer, reported exactly once (a dropped `SnapshotDone` reports
+/// a failure, so raft never waits forever for it).
+#[derive(Debug)]
+pub struct SnapshotDone {
+    reporter: Reporter,
+    to: u64,
+    sent: bool,
+}
+
+impl SnapshotDone {
+    pub(crate) fn new(reporter: Reporter, to: u64) -> Self {
+        SnapshotDone {
+            reporter,
+            to,
+            sent: false,
+        }
+    }
+
+    pub fn finish(mut self, delivered: bool) {
+        self.sent = true;
+        let _ = self
+            .reporter
+            .tx
+            .send(Cmd::SnapshotStatus(self.to, delivered));
+    }
+}
+
+impl Drop for SnapshotDone {
+    fn drop(&mut self) {
+        if !self.sent {
+            let _ = self.reporter.tx.send(Cmd::SnapshotStatus(self.to, false));
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Raft cluster behaviour with real nodes (WAL, snapshots) over a network the test controls.
+//! Every test ends with `Cluster::check`: one leader per term, identical apply order on every
+//! member, each entry once, every acknowledged proposal applied.
+
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use consensus::{Change, Config, Error, Role, Start};
+use harness::{fast, member, wait_for, Cluster};
+
+#[test]
+fn single_member_commits_reads_and_restarts() {
+    let mut c = Cluster::new(1, fast);
+    let l = c.leader();
+    assert_eq!(l, 1);
+    for i in 0..200 {
+        c.propose(1, format!("v{i}").into_bytes()).unwrap();
+    }
+    let ri = c.read_index(1).unwrap();
+    assert!(ri >= 201, "read index {ri} covers the writes");
+    c.stop(1);
+    c.restart(1);
+    c.leader();
+    c.propose(1, b"after".to_vec()).unwrap();
+    c.check();
+    assert_eq!(c.states[&1].lock().log.len(), 201);
+}
+
+#[test]
+fn three_members_elect_replicate_and_forward() {
+    let c = Cluster::new(3, fast);
+    let l = c.leader();
+    let follower = *c.ids.iter().find(|&&i| i != l).unwrap();
+    c.propose_many(l, "leader", 200);
+    // A follower forwards proposals to the leader and answers when it applied them itself.
+    c.propose_many(follower, "follower", 200);
+    let ri = c.read_index(follower).unwrap();
+    assert!(c.states[&follower].lock().applied >= ri);
+    c.check();
+    assert_eq!(c.states[&1].lock().log.len(), 400);
+}
+
+#[test]
+fn leader_loss_elects_a_new_leader_and_the_old_one_catches_up() {
+    let mut c = Cluster::new(3, fast);
+    let l1 = c.leader();
+    let t1 = c.node(l1).status().term;
+    c.propose_many(l1, "a", 100);
+    c.stop(l1);
+    let l2 = c.leader();
+    assert_ne!(l1, l2);
+    assert!(c.node(l2).status().term > t1);
+    c.propose_many(l2, "b", 100);
+    c.restart(l1);
+    c.propose_many(l2, "c", 50);
+    c.check();
+}
+
+#[test]
+fn a_minority_cannot_commit_and_its_leader_steps_down() {
+    let c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.request_timeout = Duration::from_millis(800);
+    });
+    let l = c.leader();
+    c.propose_many(l, "before", 50);
+    let others: Vec<u64> = c.ids.iter().copied().filter(|&i| i != l).collect();
+    c.net.partition(&[l], &others);
+    // The cut-off leader cannot commit: its proposal times out (or fails once it steps down).
+    let r = c.rt.block_on(c.node(l).propose(b"lost?".to_vec()));
+    assert!(
+        matches!(r, Err(Error::Timeout) | Err(Error::NoLeader)),
+        "{r:?}"
+    );
+    // Check-quorum: it steps down within a few election timeouts.
+    wait_for("the isolated leader to step down", 10, || {
+        c.node(l).status().role != Role::Leader
+    });
+    // The majority elects a leader and commits.
+    wait_for("a leader in the majority", 10, || {
+        let s = c.node(others[0]).status();
+        s.leader.is_some_and(|x| x != l)
+    });
+    let nl = c.node(others[0]).status().leader.unwrap();
+    c.propose_many(nl, "majority", 50);
+    // Reads on the cut-off member fail rather than return stale data.
+    assert!(c.read_index(l).is_err());
+    c.net.heal();
+    c.leader();
+    c.check();
+    // The proposal made on the minority side was never acknowledged; if its entry was
+    // overwritten it is nowhere, and if not, it is everywhere (checked above).
+}
+
+#[test]
+fn a_follower_far_behind_catches_up_by_snapshot() {
+    let mut c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.snapshot_count = 100;
+        cfg.snapshot_catchup_entries = 20;
+    });
+    let l = c.leader();
+    let lagging = *c.ids.iter().find(|&&i| i != l).unwrap();
+    c.stop(lagging);
+    c.propose_many(l, "x", 600);
+    wait_for("the leader to snapshot", 10, || {
+        c.node(l).status().snapshot_index >= 500
+    });
+    c.restart(lagging);
+    c.propose_many(l, "y", 10);
+    c.check();
+    assert!(
+        c.states[&lagging].lock().restores >= 1,
+        "restored from a snapshot"
+    );
+    assert!(c.net.snapshots.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    // Its own log was compacted too, and it restarts from its snapshot.
+    c.stop(lagging);
+    c.restart(lagging);
+    c.propose_many(l, "z", 10);
+    c.check();
+}
+
+#[test]
+fn membership_changes_under_load() {
+    let mut c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.snapshot_count = 200;
+        cfg.snapshot_catchup_entries = 50;
+    });
+    let l = c.leader();
+    c.propose_many(l, "p0", 300);
+    // Add a learner: it joins empty and catches up (by snapshot).
+    let members = c.change(l, Change::AddLearner(member(4))).unwrap();
+    assert!(members.get(4).unwrap().is_learner);
+    c.start(4, Start::Join);
+    c.propose_many(l, "p1", 100);
+    c.converge();
+    // Promote it, under load.
+    let load = {
+        let fut: Vec<_> = (0..100)
+            .map(|i| c.node(l).propose(format!("p2-{i}").into_bytes()))
+            .collect();
+        fut
+    };
+    let members = c.change(l, Change::Promote(4)).unwrap();
+    assert!(!members.get(4).unwrap().is_learner);
+    for (i, f) in load.into_iter().enumerate() {
+        if let Ok(idx) = c.rt.block_on(f) {
+            c.acked.lock().push((format!("p2-{i}").into_bytes(), idx));
+        }
+    }
+    assert!(matches!(
+        c.change(l, Change::Promote(4)),
+        Err(Error::NotLearner)
+    ));
+    assert!(matches!(
+        c.change(l, Change::AddMember(member(4))),
+        Err(Error::MemberExists)
+    ));
+    // Remove a member that is not the leader; its peers drop it.
+    let gone = *c.ids.iter().find(|&&i| i != l && i != 4).unwrap();
+    let members = c.change(l, Change::Remove(gone)).unwrap();
+    assert!(members.get(gone).is_none());
+    wait_for("the removed member to learn it", 10, || {
+        c.node(gone).status().removed
+    });
+    c.stop(gone);
+    c.ids.retain(|&i| i != gone);
+    // Update a member's peer URLs.
+    let mut m4 = member(4);
+    m4.peer_urls = vec!["http://127.0.0.1:9999".into()];
+    let members = c.change(l, Change::Update(m4)).unwrap();
+    assert_eq!(
+        members.get(4).unwrap().peer_urls,
+        vec!["http://127.0.0.1:9999"]
+    );
+    c.propose_many(l, "p3", 100);
+    c.check();
+    for id in c.nodes.keys() {
+        let ms = c.node(*id).members();
+        assert_eq!(ms.len(), 3, "member {id} sees {ms:?}");
+        assert_eq!(ms.get(4).unwrap().peer_urls, vec!["http://127.0.0.1:9999"]);
+    }
+    // The member list survives restarts (from snapshot files and the WAL).
+    c.stop(4);
+    c.restart(4);
+    c.leader();
+    assert_eq!(c.node(4).members().len(), 3);
+    c.check();
+}
+
+#[test]
+fn every_member_restarts_from_disk() {
+    let mut c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.snapshot_count = 150;
+    });
+    let l = c.leader();
+    c.propose_many(l, "a", 400);
+    c.converge();
+    let before = c.states[&1].lock().log.clone();
+    for id in [1, 2, 3] {
+        c.stop(id);
+    }
+    for id in [1, 2, 3] {
+        c.restart(id);
+    }
+    let l = c.leader();
+    c.converge();
+    assert_eq!(c.states[&1].lock().log[..before.len()], before[..]);
+    c.propose_many(l, "b", 100);
+    c.check();
+}
+
+#[test]
+fn reads_are_linearizable_and_batched() {
+    let c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.request_timeout = Duration::from_millis(600);
+    });
+    let l = c.leader();
+    for id in [1, 2, 3] {
+        // Followers apply slowly: the read must still wait for the write.
+        c.states[&id].lock().apply_delay = Duration::from_millis(if id == l { 0 } else { 100 });
+    }
+    for id in [1, 2, 3] {
+        let idx = c.propose(l, format!("w{id}").into_bytes()).unwrap();
+        // A read after an acknowledged write, on any member, waits until that write is applied.
+        let ri = c.read_index(id).unwrap();
+        assert!(ri >= idx, "read index {ri} before write {idx}");
+        assert!(c.states[&id].lock().applied >= idx);
+    }
+    for id in [1, 2, 3] {
+        c.states[&id].lock().apply_delay = Duration::ZERO;
+    }
+    // Many concurrent reads share rounds: far fewer heartbeat rounds than reads.
+    let before = c.net.delivered.load(std::sync::atomic::Ordering::Relaxed);
+    let futs: Vec<_> = (0..2000).map(|_| c.node(l).read_index()).collect();
+    let r = c.rt.block_on(async move {
+        let mut ok = 0;
+        for f in futs {
+            ok += f.await.is_ok() as usize;
+        }
+        ok
+    });
+    assert_eq!(r, 2000);
+    let msgs = c.net.delivered.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(msgs < 1000, "2000 reads took {msgs} messages");
+    // A member cut off from everyone cannot serve a linearizable read.
+    let f = *c.ids.iter().find(|&&i| i != l).unwrap();
+    c.net.isolate(f, &c.ids);
+    let t = Instant::now();
+    assert!(matches!(c.read_index(f), Err(Error::Timeout)));
+    assert!(t.elapsed() >= Duration::from_millis(500));
+    c.net.heal();
+    c.leader();
+    c.check();
+}
+
+#[test]
+fn leadership_transfer_and_lossy_slow_network() {
+    let c = Cluster::new(3, fast);
+    let l = c.leader();
+    let to = *c.ids.iter().find(|&&i| i != l).unwrap();
+    c.node(l).transfer_leader(to).unwrap();
+    wait_for("the transfer", 10, || {
+        c.node(to).status().role == Role::Leader
+    });
+    c.net.set_drop(100);
+    c.net.set_delay(3);
+    c.propose_many(to, "lossy", 200);
+    c.net.set_drop(0);
+    c.net.set_delay(0);
+    c.check();
+}
+
+#[test]
+fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
+    let mut c = Cluster::new(1, fast);
+    c.leader();
+    let fut = c.node(1).propose(b"x".to_vec());
+    let _ = c.rt.block_on(fut);
+    c.stop(1);
+    // The data dir belongs to member 1 of CLUSTER_ID: another id or cluster is refused.
+    let sm = harness::TestSm::open(&c.member_dir(1));
+    let cfg = Config::new(7, harness::CLUSTER_ID, c.member_dir(1));
+    let t = NullTransport;
+    let err = consensus::RaftNode::start(cfg, Start::Join, sm, t).unwrap_err();
+    assert!(err.to_string().contains("belongs to member 1"), "{err}");
+}
+
+#[derive(Debug)]
+struct NullTransport;
+
+impl consensus::Transport for NullTransport {
+    fn start(&mut self, _: consensus::Reporter) {}
+    fn send(&mut self, _: Vec<consensus::Message>) {}
+    fn send_snapshot(
+        &mut self,
+        _: consensus::Message,
+        _: std::path::PathBuf,
+        done: consensus::SnapshotDone,
+    ) {
+        done.finish(false);
+    }
+    fn update_members(&mut self, _: &consensus::Members) {}
+}

@@ -1,0 +1,611 @@
+//! An in-process raft cluster for tests: real nodes with real WAL and snapshot directories, a
+//! network the test controls (drop, delay, partition, heal), and a state machine that records
+//! what it applied so every test can check that all members applied the same entries, in the
+//! same order, each once.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::fs;
+use std::io::{self, Cursor, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use consensus::{
+    Change, Committed, Config, Inbox, Member, Members, Message, RaftNode, Reporter, Role,
+    SnapshotDone, Start, StateMachine, Transport,
+};
+use parking_lot::{Condvar, Mutex};
+use rand::Rng;
+
+/// Applied proposals: (index, data).
+pub type Log = Vec<(u64, Vec<u8>)>;
+
+/// What a test state machine holds: the data of every proposal applied, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SmState {
+    pub applied: u64,
+    pub log: Log,
+    /// Snapshots restored from the leader.
+    pub restores: u64,
+    /// Each apply call sleeps this long first (a slow state machine).
+    pub apply_delay: Duration,
+}
+
+impl SmState {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = self.applied.to_le_bytes().to_vec();
+        b.extend_from_slice(&(self.log.len() as u64).to_le_bytes());
+        for (i, d) in &self.log {
+            b.extend_from_slice(&i.to_le_bytes());
+            b.extend_from_slice(&(d.len() as u64).to_le_bytes());
+            b.extend_from_slice(d);
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> io::Result<SmState> {
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad state");
+        let mut r = Cursor::new(b);
+        fn u(r: &mut Cursor<&[u8]>) -> io::Result<u64> {
+            let mut a = [0u8; 8];
+            r.read_exact(&mut a)?;
+            Ok(u64::from_le_bytes(a))
+        }
+        let applied = u(&mut r)?;
+        let n = u(&mut r)?;
+        let mut log = Vec::new();
+        for _ in 0..n {
+            let i = u(&mut r)?;
+            let len = u(&mut r)? as usize;
+            let pos = r.position() as usize;
+            let d = b.get(pos..pos + len).ok_or_else(bad)?.to_vec();
+            r.set_position((pos + len) as u64);
+            log.push((i, d));
+        }
+        Ok(SmState {
+            applied,
+            log,
+            ..Default::default()
+        })
+    }
+}
+
+/// A state machine whose durable state is a file written on `sync` (as the pager's
+/// unsynced commits, what was applied after the last sync is lost by a restart).
+#[derive(Debug)]
+pub struct TestSm {
+    pub state: Arc<Mutex<SmState>>,
+    path: PathBuf,
+}
+
+impl TestSm {
+    pub fn open(dir: &Path) -> TestSm {
+        let path = dir.join("sm.state");
+        let state = match fs::read(&path) {
+            Ok(b) => SmState::decode(&b).expect("sm state"),
+            Err(_) => SmState::default(),
+        };
+        TestSm {
+            state: Arc::new(Mutex::new(state)),
+            path,
+        }
+    }
+
+    fn save(&self, st: &SmState) -> io::Result<()> {
+        let tmp = self.path.with_extension("tmp");
+        fs::write(&tmp, st.encode())?;
+        fs::File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, &self.path)
+    }
+}
+
+impl StateMachine for TestSm {
+    /// The index the proposal was applied at.
+    type Output = u64;
+
+    fn applied(&self) -> u64 {
+        self.state.lock().applied
+    }
+
+    fn apply(&mut self, batch: &[Committed<'_>]) -> io::Result<Vec<u64>> {
+        let delay = self.state.lock().apply_delay;
+        std::thread::sleep(delay);
+        let mut st = self.state.lock();
+        let mut out = Vec::with_capacity(batch.len());
+        for c in batch {
+            assert!(
+                c.index > st.applied,
+                "applied {} after {}",
+                c.index,
+                st.applied
+            );
+            st.applied = c.index;
+            if let Some(d) = c.data {
+                st.log.push((c.index, d.to_vec()));
+            }
+            out.push(c.index);
+        }
+        Ok(out)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let st = self.state.lock().clone();
+        self.save(&st)
+    }
+
+    fn snapshot(&mut self) -> io::Result<Box<dyn Read + Send>> {
+        Ok(Box::new(Cursor::new(self.state.lock().encode())))
+    }
+
+    fn restore(&mut self, index: u64, _term: u64, data: &mut dyn Read) -> io::Result<()> {
+        let mut b = Vec::new();
+        data.read_to_end(&mut b)?;
+        let mut new = SmState::decode(&b)?;
+        assert_eq!(new.applied, index, "snapshot data at the snapshot's index");
+        let mut st = self.state.lock();
+        new.restores = st.restores + 1;
+        new.apply_delay = st.apply_delay;
+        self.save(&new)?;
+        *st = new;
+        Ok(())
+    }
+}
+
+/// The network between the members.
+#[derive(Debug, Default)]
+pub struct Net {
+    inboxes: Mutex<BTreeMap<u64, Inbox>>,
+    /// Links that drop everything (from, to).
+    cut: Mutex<HashSet<(u64, u64)>>,
+    /// Per mille of messages dropped.
+    drop_per_mille: AtomicU64,
+    delay_ms: AtomicU64,
+    queue: Mutex<BinaryHeap<Delayed>>,
+    wake: Condvar,
+    seq: AtomicU64,
+    stop: AtomicBool,
+    pub delivered: AtomicU64,
+    pub snapshots: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Delayed {
+    at: Instant,
+    seq: u64,
+    msg: Message,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        self.seq == o.seq
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+impl Net {
+    fn blocked(&self, from: u64, to: u64) -> bool {
+        self.cut.lock().contains(&(from, to))
+    }
+
+    fn deliver(&self, m: Message) {
+        let inbox = self.inboxes.lock().get(&m.to).cloned();
+        if let Some(i) = inbox {
+            if i.step(m).is_ok() {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn send(&self, m: Message) {
+        if self.blocked(m.from, m.to) {
+            return;
+        }
+        let p = self.drop_per_mille.load(Ordering::Relaxed);
+        if p > 0 && rand::thread_rng().gen_range(0..1000) < p {
+            return;
+        }
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        if delay == 0 {
+            self.deliver(m);
+            return;
+        }
+        let d = Delayed {
+            at: Instant::now() + Duration::from_millis(delay),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            msg: m,
+        };
+        self.queue.lock().push(d);
+        self.wake.notify_one();
+    }
+
+    fn run_delays(self: Arc<Self>) {
+        let mut q = self.queue.lock();
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            match q.peek() {
+                Some(d) if d.at <= now => {
+                    let Some(d) = q.pop() else { continue };
+                    drop(q);
+                    if !self.blocked(d.msg.from, d.msg.to) {
+                        self.deliver(d.msg);
+                    }
+                    q = self.queue.lock();
+                }
+                Some(d) => {
+                    let at = d.at;
+                    self.wake.wait_until(&mut q, at);
+                }
+                None => {
+                    self.wake.wait_for(&mut q, Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// Cuts every link between `a` and the rest.
+    pub fn isolate(&self, a: u64, all: &[u64]) {
+        let mut cut = self.cut.lock();
+        for &b in all.iter().filter(|&&b| b != a) {
+            cut.insert((a, b));
+            cut.insert((b, a));
+        }
+    }
+
+    /// Splits the members into two sides that cannot talk.
+    pub fn partition(&self, side: &[u64], other: &[u64]) {
+        let mut cut = self.cut.lock();
+        for &a in side {
+            for &b in other {
+                cut.insert((a, b));
+                cut.insert((b, a));
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.lock().clear();
+    }
+
+    pub fn set_drop(&self, per_mille: u64) {
+        self.drop_per_mille.store(per_mille, Ordering::Relaxed);
+    }
+
+    pub fn set_delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// One member's side of the network.
+#[derive(Debug)]
+pub struct NetTransport {
+    id: u64,
+    net: Arc<Net>,
+}
+
+impl Transport for NetTransport {
+    fn start(&mut self, _reporter: Reporter) {}
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.net.send(m);
+        }
+    }
+
+    fn send_snapshot(&mut self, msg: Message, data: PathBuf, done: SnapshotDone) {
+        let net = self.net.clone();
+        let id = self.id;
+        std::thread::spawn(move || {
+            if net.blocked(id, msg.to) {
+                return done.finish(false);
+            }
+            let inbox = net.inboxes.lock().get(&msg.to).cloned();
+            let ok = match (inbox, fs::File::open(&data)) {
+                (Some(i), Ok(mut f)) => i.receive_snapshot(msg, &mut f).is_ok(),
+                _ => false,
+            };
+            if ok {
+                net.snapshots.fetch_add(1, Ordering::Relaxed);
+            }
+            done.finish(ok);
+        });
+    }
+
+    fn update_members(&mut self, _members: &Members) {}
+}
+
+/// A cluster of in-process members.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub net: Arc<Net>,
+    pub nodes: BTreeMap<u64, RaftNode<u64>>,
+    pub states: BTreeMap<u64, Arc<Mutex<SmState>>>,
+    pub ids: Vec<u64>,
+    pub tune: fn(&mut Config),
+    /// Every proposal acknowledged to a client: (data, index).
+    pub acked: Mutex<Vec<(Vec<u8>, u64)>>,
+    /// Every leader seen: term → member.
+    leaders: Mutex<BTreeMap<u64, u64>>,
+    delay_thread: Option<JoinHandle<()>>,
+    pub rt: tokio::runtime::Runtime,
+}
+
+pub const CLUSTER_ID: u64 = 0x6b7664;
+
+pub fn fast(c: &mut Config) {
+    c.heartbeat = Duration::from_millis(10);
+    c.election_ticks = 10;
+    c.request_timeout = Duration::from_secs(3);
+    c.wal.segment_size = 1 << 20;
+}
+
+pub fn member(id: u64) -> Member {
+    Member {
+        id,
+        name: format!("m{id}"),
+        peer_urls: vec![format!("http://127.0.0.1:{}", 2380 + id)],
+        client_urls: vec![],
+        is_learner: false,
+    }
+}
+
+impl Cluster {
+    /// Starts `n` members (ids 1..=n) bootstrapping a new cluster.
+    pub fn new(n: u64, tune: fn(&mut Config)) -> Cluster {
+        Self::in_dir(tempfile::tempdir().expect("tempdir"), n, tune)
+    }
+
+    pub fn in_dir(dir: tempfile::TempDir, n: u64, tune: fn(&mut Config)) -> Cluster {
+        let net = Arc::new(Net::default());
+        let n2 = net.clone();
+        let delay_thread = Some(std::thread::spawn(move || n2.run_delays()));
+        let mut c = Cluster {
+            dir,
+            net,
+            nodes: BTreeMap::new(),
+            states: BTreeMap::new(),
+            ids: (1..=n).collect(),
+            tune,
+            acked: Mutex::new(Vec::new()),
+            leaders: Mutex::new(BTreeMap::new()),
+            delay_thread,
+            rt: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime"),
+        };
+        let members: Vec<Member> = c.ids.iter().map(|&i| member(i)).collect();
+        for id in c.ids.clone() {
+            c.start(id, Start::NewCluster(members.clone()));
+        }
+        c
+    }
+
+    pub fn member_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("m{id}"))
+    }
+
+    pub fn config(&self, id: u64) -> Config {
+        let mut cfg = Config::new(id, CLUSTER_ID, self.member_dir(id));
+        (self.tune)(&mut cfg);
+        cfg
+    }
+
+    /// Starts (or restarts, if it has data) member `id`.
+    pub fn start(&mut self, id: u64, start: Start) {
+        let dir = self.member_dir(id);
+        fs::create_dir_all(&dir).expect("member dir");
+        let sm = TestSm::open(&dir);
+        self.states.insert(id, sm.state.clone());
+        let t = NetTransport {
+            id,
+            net: self.net.clone(),
+        };
+        let node = RaftNode::start(self.config(id), start, sm, t).expect("start node");
+        self.net.inboxes.lock().insert(id, node.inbox());
+        self.nodes.insert(id, node);
+        if !self.ids.contains(&id) {
+            self.ids.push(id);
+        }
+    }
+
+    pub fn restart(&mut self, id: u64) {
+        self.start(id, Start::Join);
+    }
+
+    /// Stops member `id` (as a crash: what it had not synced is gone when it restarts).
+    pub fn stop(&mut self, id: u64) {
+        self.record_leaders();
+        self.net.inboxes.lock().remove(&id);
+        if let Some(mut n) = self.nodes.remove(&id) {
+            n.stop();
+        }
+    }
+
+    pub fn node(&self, id: u64) -> &RaftNode<u64> {
+        &self.nodes[&id]
+    }
+
+    fn record_leaders(&self) {
+        let mut seen = self.leaders.lock();
+        for (id, n) in &self.nodes {
+            for t in n.led_terms() {
+                let prev = seen.insert(t, *id);
+                assert!(
+                    prev.is_none() || prev == Some(*id),
+                    "two leaders in term {t}: {prev:?} and {id}"
+                );
+            }
+        }
+    }
+
+    /// Waits until the running members agree on one leader; returns it.
+    pub fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            self.record_leaders();
+            let mut leaders: Vec<(u64, u64)> = self
+                .nodes
+                .values()
+                .map(|n| n.status())
+                .filter(|s| s.role == Role::Leader)
+                .map(|s| (s.term, s.id))
+                .collect();
+            leaders.sort();
+            if let Some(&(term, id)) = leaders.last() {
+                let agreed = self
+                    .nodes
+                    .values()
+                    .map(|n| n.status())
+                    .filter(|s| !s.removed && s.members.get(s.id).is_some_and(|m| !m.is_learner))
+                    .all(|s| s.leader == Some(id) && s.term == term);
+                if agreed {
+                    return id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Proposes through member `via`; an acknowledged proposal is remembered for the checks.
+    pub fn propose(&self, via: u64, data: Vec<u8>) -> consensus::Result<u64> {
+        let fut = self.node(via).propose(data.clone());
+        let r = self.rt.block_on(fut);
+        if let Ok(index) = r {
+            self.acked.lock().push((data, index));
+        }
+        r
+    }
+
+    /// Proposes `n` values through `via`, concurrently, retrying each until acknowledged.
+    pub fn propose_many(&self, via: u64, prefix: &str, n: usize) {
+        let futs: Vec<_> = (0..n)
+            .map(|i| {
+                let data = format!("{prefix}-{i}").into_bytes();
+                (data.clone(), self.node(via).propose(data))
+            })
+            .collect();
+        let results = self.rt.block_on(async move {
+            let mut out = Vec::new();
+            for (d, f) in futs {
+                out.push((d, f.await));
+            }
+            out
+        });
+        for (d, r) in results {
+            match r {
+                Ok(i) => self.acked.lock().push((d, i)),
+                Err(_) => {
+                    let leader = self.leader();
+                    self.propose(leader, d).expect("retry on the leader");
+                }
+            }
+        }
+    }
+
+    pub fn read_index(&self, via: u64) -> consensus::Result<u64> {
+        self.rt.block_on(self.node(via).read_index())
+    }
+
+    pub fn change(&self, via: u64, change: Change) -> consensus::Result<Members> {
+        self.rt.block_on(self.node(via).change_membership(change))
+    }
+
+    /// Waits until every running member has applied everything the leader committed.
+    pub fn converge(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let commits: Vec<u64> = self.nodes.values().map(|n| n.status().commit).collect();
+            let max = commits.iter().copied().max().unwrap_or(0);
+            let done = self
+                .nodes
+                .keys()
+                .all(|id| self.states[id].lock().applied >= max);
+            if done && commits.iter().all(|&c| c == max) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "members did not converge: commits {commits:?}, applied {:?}",
+                self.nodes
+                    .keys()
+                    .map(|id| self.states[id].lock().applied)
+                    .collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The checks every test ends with: one leader per term; every running member applied the
+    /// same entries in the same order, each once; every acknowledged proposal is among them.
+    pub fn check(&self) {
+        self.converge();
+        self.record_leaders();
+        let logs: Vec<(u64, Log)> = self
+            .nodes
+            .keys()
+            .map(|id| (*id, self.states[id].lock().log.clone()))
+            .collect();
+        let (first_id, first) = &logs[0];
+        for (id, log) in &logs[1..] {
+            assert!(
+                log == first,
+                "members {first_id} and {id} applied different logs ({} vs {} entries)",
+                first.len(),
+                log.len()
+            );
+        }
+        let mut seen = HashSet::new();
+        for (i, d) in first {
+            assert!(
+                seen.insert(d.clone()),
+                "{:?} applied twice (again at {i})",
+                String::from_utf8_lossy(d)
+            );
+        }
+        let by_data: BTreeMap<&[u8], u64> = first.iter().map(|(i, d)| (&d[..], *i)).collect();
+        for (d, i) in self.acked.lock().iter() {
+            assert_eq!(
+                by_data.get(&d[..]),
+                Some(i),
+                "acknowledged {:?} at {i} not applied there",
+                String::from_utf8_lossy(d)
+            );
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for id in self.nodes.keys().copied().collect::<Vec<_>>() {
+            self.stop(id);
+        }
+        self.net.stop.store(true, Ordering::Relaxed);
+        self.net.wake.notify_all();
+        if let Some(t) = self.delay_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
