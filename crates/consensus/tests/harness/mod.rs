@@ -328,7 +328,8 @@ impl Transport for NetTransport {
 
 /// A cluster of in-process members.
 pub struct Cluster {
-    pub dir: tempfile::TempDir,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
     pub net: Arc<Net>,
     pub nodes: BTreeMap<u64, RaftNode<u64>>,
     pub states: BTreeMap<u64, Arc<Mutex<SmState>>>,
@@ -364,15 +365,20 @@ pub fn member(id: u64) -> Member {
 impl Cluster {
     /// Starts `n` members (ids 1..=n) bootstrapping a new cluster.
     pub fn new(n: u64, tune: fn(&mut Config)) -> Cluster {
-        Self::in_dir(tempfile::tempdir().expect("tempdir"), n, tune)
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut c = Self::open(tmp.path(), n, tune);
+        c._tmp = Some(tmp);
+        c
     }
 
-    pub fn in_dir(dir: tempfile::TempDir, n: u64, tune: fn(&mut Config)) -> Cluster {
+    /// Members 1..=n with their data under `dir`: restarted from it if it holds theirs.
+    pub fn open(dir: &Path, n: u64, tune: fn(&mut Config)) -> Cluster {
         let net = Arc::new(Net::default());
         let n2 = net.clone();
         let delay_thread = Some(std::thread::spawn(move || n2.run_delays()));
         let mut c = Cluster {
-            dir,
+            dir: dir.to_path_buf(),
+            _tmp: None,
             net,
             nodes: BTreeMap::new(),
             states: BTreeMap::new(),
@@ -395,7 +401,7 @@ impl Cluster {
     }
 
     pub fn member_dir(&self, id: u64) -> PathBuf {
-        self.dir.path().join(format!("m{id}"))
+        self.dir.join(format!("m{id}"))
     }
 
     pub fn config(&self, id: u64) -> Config {

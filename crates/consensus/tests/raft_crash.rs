@@ -1,0 +1,187 @@
+//! Crash test for the raft node: a child process runs a 3-member cluster under proposal load
+//! and prints every acknowledged proposal; it is killed with SIGKILL at random moments, and
+//! (with `--features failpoints`) made to abort inside apply and inside snapshot save and
+//! restore, as etcd's robustness tests do with gofail. After every death the parent restarts
+//! all members from their directories and checks: every acknowledged proposal is applied, at
+//! the index it was acknowledged at, on every member, in the same order, once.
+//!
+//! The test binary is its own child: `raft_crash child DIR ROUND [FAILPOINT] [lag]`.
+
+mod harness;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use consensus::Config;
+use harness::{fast, Cluster};
+use rand::{Rng, SeedableRng};
+
+const KILLS: usize = 6;
+
+fn tune(c: &mut Config) {
+    fast(c);
+    // Snapshots and log compaction happen often, so kills land in them too.
+    c.snapshot_count = 40;
+    c.snapshot_catchup_entries = 10;
+}
+
+fn child(dir: &Path, round: &str, failpoint: Option<&str>, lag: bool) {
+    let mut c = Cluster::open(dir, 3, tune);
+    if lag {
+        // Member 3 falls far behind, then must restore the leader's snapshot.
+        c.stop(3);
+        let l = c.leader();
+        for i in 0..200 {
+            c.propose(l, format!("{round}-lag-{i}").into_bytes())
+                .unwrap();
+        }
+    }
+    if let Some(fp) = failpoint {
+        arm(fp);
+    }
+    if lag {
+        c.restart(3);
+    }
+    let mut out = std::io::stdout().lock();
+    let mut i = 0u64;
+    loop {
+        let l = c.leader();
+        let futs: Vec<_> = (i..i + 16)
+            .map(|j| {
+                let d = format!("{round}-{j}").into_bytes();
+                (d.clone(), c.node(l).propose(d))
+            })
+            .collect();
+        for (d, f) in futs {
+            if let Ok(index) = c.rt.block_on(f) {
+                writeln!(out, "ack {} {index}", String::from_utf8_lossy(&d)).unwrap();
+            }
+        }
+        out.flush().unwrap();
+        i += 16;
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn arm(name: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Let some hits through, then die in one (abort: no unwinding, no cleanup).
+    let left = AtomicU64::new(if name == "raft_snapshot_apply" { 1 } else { 5 });
+    let fp = name.to_string();
+    fail::cfg_callback(name, move || {
+        if left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            eprintln!("FIRED {fp}");
+            std::process::abort();
+        }
+    })
+    .unwrap();
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn arm(name: &str) {
+    panic!("failpoint {name} asked for, but the test was built without --features failpoints");
+}
+
+/// Runs a child until it dies (or is killed after `kill_after`); returns what it acknowledged.
+fn run_child(
+    dir: &Path,
+    round: usize,
+    failpoint: Option<&str>,
+    lag: bool,
+    kill_after: Option<Duration>,
+) -> Vec<(Vec<u8>, u64)> {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.arg("child").arg(dir).arg(round.to_string());
+    cmd.arg(failpoint.unwrap_or("-"));
+    if lag {
+        cmd.arg("lag");
+    }
+    let mut c = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = c.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut acked = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let mut w = line.split(' ');
+            if let (Some("ack"), Some(d), Some(i)) = (w.next(), w.next(), w.next()) {
+                acked.push((d.as_bytes().to_vec(), i.parse().unwrap()));
+            }
+        }
+        acked
+    });
+    let mut stderr = c.stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    match kill_after {
+        Some(d) => {
+            std::thread::sleep(d);
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+        None => {
+            let status = c.wait().unwrap();
+            let err = err.join().unwrap();
+            let fp = failpoint.unwrap_or_default();
+            assert!(
+                !status.success() && err.contains(&format!("FIRED {fp}")),
+                "{fp} did not fire: {status}: {err}"
+            );
+        }
+    }
+    reader.join().unwrap()
+}
+
+/// Restarts the whole cluster from `dir` and checks it against everything acknowledged.
+fn verify(dir: &Path, acked: &[(Vec<u8>, u64)]) -> usize {
+    let c = Cluster::open(dir, 3, tune);
+    c.leader();
+    c.acked.lock().extend(acked.iter().cloned());
+    c.check();
+    let n = c.states[&1].lock().log.len();
+    n
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("child") {
+        let fp = Some(args[4].as_str()).filter(|f| *f != "-");
+        child(Path::new(&args[2]), &args[3], fp, args.get(5).is_some());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x7a1);
+    let mut acked = Vec::new();
+    let mut applied = 0;
+    for round in 0..KILLS {
+        let d = Duration::from_millis(rng.gen_range(300..1200));
+        acked.extend(run_child(dir.path(), round, None, false, Some(d)));
+        applied = verify(dir.path(), &acked);
+    }
+    let mut fired = 0;
+    if cfg!(feature = "failpoints") {
+        let rounds = [
+            ("raft_before_apply", false),
+            ("raft_after_apply", false),
+            ("raft_snapshot_save", false),
+            ("raft_snapshot_apply", true),
+        ];
+        for (i, (fp, lag)) in rounds.into_iter().enumerate() {
+            acked.extend(run_child(dir.path(), KILLS + i, Some(fp), lag, None));
+            applied = verify(dir.path(), &acked);
+            fired += 1;
+        }
+    }
+    println!(
+        "raft_crash: {KILLS} SIGKILLs of a 3-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied on every member in the same order",
+        acked.len()
+    );
+}
