@@ -284,7 +284,7 @@ fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
     let _ = c.rt.block_on(fut);
     c.stop(1);
     // The data dir belongs to member 1 of CLUSTER_ID: another id or cluster is refused.
-    let sm = harness::TestSm::open(&c.member_dir(1));
+    let sm = harness::TestSm::open(&c.member_dir(1), false);
     let cfg = Config::new(7, harness::CLUSTER_ID, c.member_dir(1));
     let t = NullTransport;
     let err = consensus::RaftNode::start(cfg, Start::Join, sm, t).unwrap_err();

@@ -32,6 +32,8 @@ pub struct SmState {
     pub restores: u64,
     /// Each apply call sleeps this long first (a slow state machine).
     pub apply_delay: Duration,
+    /// Count entries only, keep no log (for benchmarks).
+    pub light: bool,
 }
 
 impl SmState {
@@ -82,12 +84,13 @@ pub struct TestSm {
 }
 
 impl TestSm {
-    pub fn open(dir: &Path) -> TestSm {
+    pub fn open(dir: &Path, light: bool) -> TestSm {
         let path = dir.join("sm.state");
-        let state = match fs::read(&path) {
+        let mut state = match fs::read(&path) {
             Ok(b) => SmState::decode(&b).expect("sm state"),
             Err(_) => SmState::default(),
         };
+        state.light = light;
         TestSm {
             state: Arc::new(Mutex::new(state)),
             path,
@@ -123,7 +126,7 @@ impl StateMachine for TestSm {
                 st.applied
             );
             st.applied = c.index;
-            if let Some(d) = c.data {
+            if let Some(d) = c.data.filter(|_| !st.light) {
                 st.log.push((c.index, d.to_vec()));
             }
             out.push(c.index);
@@ -148,6 +151,7 @@ impl StateMachine for TestSm {
         let mut st = self.state.lock();
         new.restores = st.restores + 1;
         new.apply_delay = st.apply_delay;
+        new.light = st.light;
         self.save(&new)?;
         *st = new;
         Ok(())
@@ -335,6 +339,8 @@ pub struct Cluster {
     pub states: BTreeMap<u64, Arc<Mutex<SmState>>>,
     pub ids: Vec<u64>,
     pub tune: fn(&mut Config),
+    /// State machines keep no log (benchmarks).
+    pub light: bool,
     /// Every proposal acknowledged to a client: (data, index).
     pub acked: Mutex<Vec<(Vec<u8>, u64)>>,
     /// Every leader seen: term → member.
@@ -365,14 +371,27 @@ pub fn member(id: u64) -> Member {
 impl Cluster {
     /// Starts `n` members (ids 1..=n) bootstrapping a new cluster.
     pub fn new(n: u64, tune: fn(&mut Config)) -> Cluster {
+        Self::in_temp_dir(n, tune, false)
+    }
+
+    /// As `new`, with state machines that keep no log (benchmarks).
+    pub fn new_light(n: u64, tune: fn(&mut Config)) -> Cluster {
+        Self::in_temp_dir(n, tune, true)
+    }
+
+    fn in_temp_dir(n: u64, tune: fn(&mut Config), light: bool) -> Cluster {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut c = Self::open(tmp.path(), n, tune);
+        let mut c = Self::open_with(tmp.path(), n, tune, light);
         c._tmp = Some(tmp);
         c
     }
 
     /// Members 1..=n with their data under `dir`: restarted from it if it holds theirs.
     pub fn open(dir: &Path, n: u64, tune: fn(&mut Config)) -> Cluster {
+        Self::open_with(dir, n, tune, false)
+    }
+
+    fn open_with(dir: &Path, n: u64, tune: fn(&mut Config), light: bool) -> Cluster {
         let net = Arc::new(Net::default());
         let n2 = net.clone();
         let delay_thread = Some(std::thread::spawn(move || n2.run_delays()));
@@ -384,6 +403,7 @@ impl Cluster {
             states: BTreeMap::new(),
             ids: (1..=n).collect(),
             tune,
+            light,
             acked: Mutex::new(Vec::new()),
             leaders: Mutex::new(BTreeMap::new()),
             delay_thread,
@@ -414,7 +434,7 @@ impl Cluster {
     pub fn start(&mut self, id: u64, start: Start) {
         let dir = self.member_dir(id);
         fs::create_dir_all(&dir).expect("member dir");
-        let sm = TestSm::open(&dir);
+        let sm = TestSm::open(&dir, self.light);
         self.states.insert(id, sm.state.clone());
         let t = NetTransport {
             id,
