@@ -5,6 +5,7 @@
 mod apply;
 mod codec;
 mod driver;
+pub mod grpc;
 mod log;
 mod logger;
 pub mod member;
