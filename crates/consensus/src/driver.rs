@@ -79,6 +79,8 @@ pub(crate) struct Driver<O: Send + 'static> {
     /// snapshot's): a snapshot at index i records the last one at or before i.
     history: Vec<(u64, ConfState, Members)>,
     changes: HashMap<u64, oneshot::Sender<Result<Members>>>,
+    /// Changes made here, answered when applied: (index, reply, member list).
+    changes_applied: Vec<(u64, oneshot::Sender<Result<Members>>, Members)>,
     deadlines: VecDeque<(Instant, Pending)>,
     reads_pending: Vec<ReadWaiter>,
     reads_inflight: Option<ReadRound>,
@@ -255,6 +257,7 @@ impl<O: Send + 'static> Driver<O> {
             apply_tx,
             apply_thread: Some(apply_thread),
             changes: HashMap::new(),
+            changes_applied: Vec::new(),
             deadlines: VecDeque::new(),
             reads_pending: Vec::new(),
             reads_inflight: None,
@@ -323,7 +326,8 @@ impl<O: Send + 'static> Driver<O> {
 
     fn fail_everything(&mut self) {
         self.shared.fail_all(|| Error::Stopped);
-        for (_, r) in self.changes.drain() {
+        let changes = self.changes.drain().map(|(_, r)| r);
+        for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
             let _ = r.send(Err(Error::Stopped));
         }
         let reads = mem::take(&mut self.reads_pending)
@@ -530,6 +534,13 @@ impl<O: Send + 'static> Driver<O> {
             self.raw.advance_apply_to(to);
         }
         let applied = self.applied;
+        let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.changes_applied)
+            .into_iter()
+            .partition(|c| c.0 <= applied);
+        self.changes_applied = wait;
+        for (_, r, members) in done {
+            let _ = r.send(Ok(members));
+        }
         let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.reads_ready)
             .into_iter()
             .partition(|(i, _)| *i <= applied);
@@ -805,7 +816,8 @@ impl<O: Send + 'static> Driver<O> {
         tracing::info!(index, voters = ?cs.voters, learners = ?cs.learners, outgoing = ?cs.voters_outgoing, "membership changed");
         self.set_members(index, cs, members.clone());
         if let Some(r) = reply {
-            let _ = r.send(Ok(members));
+            // Answered once applied: raft then accepts the next change at once.
+            self.changes_applied.push((index, r, members));
         }
     }
 
@@ -830,19 +842,15 @@ impl<O: Send + 'static> Driver<O> {
         let cs = self.history[self.history.len() - 1].1.clone();
         self.set_members(index, cs, members.clone());
         if let Some(r) = reply {
-            let _ = r.send(Ok(members));
+            // Answered once applied: raft then accepts the next change at once.
+            self.changes_applied.push((index, r, members));
         }
     }
 
-    /// The configuration and members in effect at `index`.
-    fn conf_at(&self, index: u64) -> (ConfState, Members) {
-        let h = self
-            .history
-            .iter()
-            .rev()
-            .find(|h| h.0 <= index)
-            .unwrap_or(&self.history[0]);
-        (h.1.clone(), h.2.clone())
+    /// The configuration and members in effect at `index`, if still known.
+    fn conf_at(&self, index: u64) -> Option<(ConfState, Members)> {
+        let h = self.history.iter().rev().find(|h| h.0 <= index)?;
+        Some((h.1.clone(), h.2.clone()))
     }
 
     /// A snapshot from the leader, in a Ready: record it, then restore the state machine.
@@ -889,7 +897,13 @@ impl<O: Send + 'static> Driver<O> {
             tracing::warn!(index, "no term for the snapshot index; skipped");
             return Ok(());
         };
-        let (conf_state, members) = self.conf_at(index);
+        let Some((conf_state, members)) = self.conf_at(index) else {
+            tracing::warn!(
+                index,
+                "no configuration known at the snapshot index; skipped"
+            );
+            return Ok(());
+        };
         self.shared.snapshotter.save(&SnapMeta {
             index,
             term,
@@ -918,14 +932,15 @@ impl<O: Send + 'static> Driver<O> {
     fn prepare_snapshot(&mut self, index: Option<u64>) {
         self.spooling = false;
         let Some(index) = index else { return };
-        let Some(term) = self.raw.store().term_of(index) else {
+        let (Some(term), Some((cs, members))) =
+            (self.raw.store().term_of(index), self.conf_at(index))
+        else {
             tracing::warn!(
                 index,
                 "spooled snapshot is behind the log; another will be made"
             );
             return;
         };
-        let (cs, members) = self.conf_at(index);
         let mut snap = Snapshot::default();
         let meta = snap.mut_metadata();
         meta.index = index;

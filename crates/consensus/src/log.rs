@@ -175,7 +175,8 @@ impl raft::Storage for LogStore {
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         match &self.prepared {
-            Some(s) if s.get_metadata().index >= request_index => Ok(s.clone()),
+            // Only a snapshot the log continues from: the follower needs the entries after it.
+            Some(s) if s.get_metadata().index >= request_index.max(self.offset) => Ok(s.clone()),
             _ => {
                 let want = self.wanted.get().unwrap_or(0).max(request_index);
                 self.wanted.set(Some(want));

@@ -180,13 +180,19 @@ fn membership_changes_under_load() {
     c.check();
     for id in c.nodes.keys() {
         let ms = c.node(*id).members();
-        assert_eq!(ms.len(), 3, "member {id} sees {ms:?}");
+        assert_eq!(
+            ms.len(),
+            3,
+            "member {id} sees {ms:?}: {:?}",
+            c.node(*id).status()
+        );
         assert_eq!(ms.get(4).unwrap().peer_urls, vec!["http://127.0.0.1:9999"]);
     }
     // The member list survives restarts (from snapshot files and the WAL).
     c.stop(4);
     c.restart(4);
     c.leader();
+    c.converge();
     assert_eq!(c.node(4).members().len(), 3);
     c.check();
 }

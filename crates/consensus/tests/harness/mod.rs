@@ -555,22 +555,21 @@ impl Cluster {
     pub fn converge(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            // A status is published after the Ready that committed an entry, which can be
+            // after the entry is applied: the target is the furthest of both.
             let commits: Vec<u64> = self.nodes.values().map(|n| n.status().commit).collect();
-            let max = commits.iter().copied().max().unwrap_or(0);
-            let done = self
+            let applied: Vec<u64> = self
                 .nodes
                 .keys()
-                .all(|id| self.states[id].lock().applied >= max);
-            if done && commits.iter().all(|&c| c == max) {
+                .map(|id| self.states[id].lock().applied)
+                .collect();
+            let target = commits.iter().chain(&applied).copied().max().unwrap_or(0);
+            if commits.iter().chain(&applied).all(|&i| i >= target) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "members did not converge: commits {commits:?}, applied {:?}",
-                self.nodes
-                    .keys()
-                    .map(|id| self.states[id].lock().applied)
-                    .collect::<Vec<_>>()
+                "members did not converge: commits {commits:?}, applied {applied:?}"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -588,12 +587,30 @@ impl Cluster {
             .collect();
         let (first_id, first) = &logs[0];
         for (id, log) in &logs[1..] {
-            assert!(
-                log == first,
-                "members {first_id} and {id} applied different logs ({} vs {} entries)",
-                first.len(),
-                log.len()
-            );
+            if log != first {
+                let at = first.iter().zip(log).position(|(a, b)| a != b);
+                let at = at.unwrap_or(first.len().min(log.len()));
+                let show = |l: &Log| {
+                    l.get(at.saturating_sub(2)..(at + 3).min(l.len()))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|(i, d)| format!("{i}:{}", String::from_utf8_lossy(d)))
+                        .collect::<Vec<_>>()
+                };
+                panic!(
+                    "members {first_id} and {id} applied different logs ({} vs {} entries); \
+                     from position {at}: {:?} vs {:?}; statuses {:?}",
+                    first.len(),
+                    log.len(),
+                    show(first),
+                    show(log),
+                    self.nodes
+                        .values()
+                        .map(|n| n.status())
+                        .map(|s| (s.id, s.commit, s.applied, s.snapshot_index, s.term))
+                        .collect::<Vec<_>>()
+                );
+            }
         }
         let mut seen = HashSet::new();
         for (i, d) in first {
