@@ -135,9 +135,73 @@ pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
     fnv1a(&[&bytes, token.as_bytes()])
 }
 
+/// Parses `--initial-cluster` (`name=url,name=url,…`; a name may repeat to give a member
+/// several peer URLs) into members, with ids from their URLs and the cluster `token`, in the
+/// order first named.
+pub fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<Member>, String> {
+    let mut by_name: Vec<(String, Vec<String>)> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((name, url)) = part.split_once('=') else {
+            return Err(format!("--initial-cluster: {part:?} is not name=URL"));
+        };
+        let (name, url) = (name.trim(), url.trim());
+        if name.is_empty() {
+            return Err(format!("--initial-cluster: {part:?} has no member name"));
+        }
+        let valid = url.split_once("://").is_some_and(|(scheme, rest)| {
+            matches!(scheme, "http" | "https" | "unix" | "unixs") && !rest.is_empty()
+        });
+        if !valid {
+            return Err(format!(
+                "--initial-cluster: {url:?} is not a URL (scheme://host:port)"
+            ));
+        }
+        if by_name
+            .iter()
+            .any(|(_, urls)| urls.iter().any(|u| u == url))
+        {
+            return Err(format!("--initial-cluster: URL {url} is given twice"));
+        }
+        match by_name.iter_mut().find(|(n, _)| n == name) {
+            Some((_, urls)) => urls.push(url.to_string()),
+            None => by_name.push((name.to_string(), vec![url.to_string()])),
+        }
+    }
+    if by_name.is_empty() {
+        return Err("--initial-cluster is empty".into());
+    }
+    Ok(by_name
+        .into_iter()
+        .map(|(name, peer_urls)| Member {
+            id: member_id(&peer_urls, token, None),
+            name,
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner: false,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn initial_cluster_parses_like_etcd_and_refuses_nonsense() {
+        let ms = parse_initial_cluster(
+            "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,a=http://10.0.0.1:2380",
+            "tok",
+        )
+        .unwrap();
+        assert_eq!(ms.len(), 2);
+        assert_eq!(ms[0].name, "a");
+        assert_eq!(ms[0].peer_urls.len(), 2);
+        assert_eq!(ms[0].id, member_id(&ms[0].peer_urls, "tok", None));
+        assert_ne!(ms[0].id, ms[1].id);
+        for bad in ["", "a", "=http://x:1", "a=x:1", "a=http://x:1,b=http://x:1"] {
+            assert!(parse_initial_cluster(bad, "t").is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn members_round_trip_and_reject_garbage() {
