@@ -404,7 +404,7 @@ impl<O: Send + 'static> Driver<O> {
             match self.leader() {
                 None => Error::NoLeader,
                 // A leader transfer is under way.
-                Some(_) => Error::Timeout,
+                Some(_) => Error::LeaderChanged,
             }
         }
     }
@@ -920,12 +920,22 @@ impl<O: Send + 'static> Driver<O> {
             .shared
             .snapshotter
             .purge(self.cfg.max_snapshots, (prepared > 0).then_some(prepared))?;
+        self.purge_received(index);
         // Keep the last configuration at or before the snapshot and every later one.
         let first = self.history.iter().rposition(|h| h.0 <= index).unwrap_or(0);
         self.history.drain(..first);
         self.snapshot_index = index;
         tracing::info!(index, term, wals, snaps, "snapshot saved; log compacted");
         Ok(())
+    }
+
+    /// Deletes snapshot data received for positions before `index` (the state machine is
+    /// durable at `index`, so anything older was restored already or refused by raft as stale;
+    /// a restore still queued is always for a later position).
+    fn purge_received(&self, index: u64) {
+        if let Err(e) = self.shared.snapshotter.purge_received(index) {
+            tracing::warn!("cannot purge received snapshots: {e}");
+        }
     }
 
     /// The state machine's data at `index` is spooled: offer it to followers.

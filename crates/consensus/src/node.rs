@@ -76,6 +76,9 @@ pub enum Error {
     Timeout,
     #[error("etcdserver: server stopped")]
     Stopped,
+    /// Leadership is moving (a transfer is under way); retry.
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
     /// This member was removed from the cluster.
     #[error("etcdserver: the member has been permanently removed from the cluster")]
     Removed,

@@ -215,6 +215,25 @@ impl Snapshotter {
     }
 }
 
+impl Snapshotter {
+    /// Deletes received snapshot data for positions before `index`.
+    pub fn purge_received(&self, index: u64) -> Result<usize, SnapError> {
+        let mut n = 0;
+        for e in io("read dir", &self.dir, fs::read_dir(&self.dir))? {
+            let p = io("read dir", &self.dir, e)?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let Some(stem) = name.strip_suffix(".recv") else {
+                continue;
+            };
+            if u64::from_str_radix(stem, 16).is_ok_and(|i| i < index) {
+                io("remove", &p, fs::remove_file(&p))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +261,10 @@ mod tests {
         fs::write(s.spool_path(30), b"x").unwrap();
         assert_eq!(s.purge(2, Some(40)).unwrap(), 3);
         assert!(s.load(10).is_err() && s.load(30).is_ok() && s.spool_path(40).exists());
+        fs::write(s.recv_path(20), b"x").unwrap();
+        fs::write(s.recv_path(40), b"x").unwrap();
+        assert_eq!(s.purge_received(40).unwrap(), 1);
+        assert!(s.recv_path(40).exists() && !s.recv_path(20).exists());
         let p = s.path(40, 2);
         let mut buf = fs::read(&p).unwrap();
         let last = buf.len() - 1;
