@@ -26,6 +26,9 @@ use crate::snap::{SnapMeta, Snapshotter};
 use crate::transport::{Reporter, SnapshotDone, Transport};
 use crate::wal::{SnapshotMark, Wal};
 
+/// Commands taken per turn of the raft loop.
+const MAX_BATCH: usize = 4096;
+
 /// The position of the snapshot a new cluster starts from (its configuration, no data).
 const BOOTSTRAP_INDEX: u64 = 1;
 
@@ -85,7 +88,8 @@ pub(crate) struct Driver<O: Send + 'static> {
     reads_pending: Vec<ReadWaiter>,
     reads_inflight: Option<ReadRound>,
     reads_ready: Vec<(u64, Vec<ReadWaiter>)>,
-    read_seq: u64,
+    /// Sequence of read rounds and membership changes made here.
+    seq: u64,
     applied: u64,
     snapshot_index: u64,
     spooling: bool,
@@ -262,7 +266,7 @@ impl<O: Send + 'static> Driver<O> {
             reads_pending: Vec::new(),
             reads_inflight: None,
             reads_ready: Vec::new(),
-            read_seq: 0,
+            seq: 0,
             applied: meta.index,
             snapshot_index: meta.index,
             spooling: false,
@@ -281,12 +285,15 @@ impl<O: Send + 'static> Driver<O> {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break Ok(()),
             };
-            // Take everything queued: one Ready (one fsync) serves the whole batch.
+            // Take what is queued, up to a bound (a flood must not hold off ticks and Readies):
+            // one Ready, one fsync, serves the whole batch.
             let mut step = Ok(true);
             let mut next = first;
+            let mut taken = 0;
             while let Some(cmd) = next {
                 step = self.handle(cmd);
-                if !matches!(step, Ok(true)) {
+                taken += 1;
+                if !matches!(step, Ok(true)) || taken == MAX_BATCH {
                     break;
                 }
                 next = self.rx.try_recv().ok();
@@ -349,8 +356,8 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     fn next_seq(&mut self) -> u64 {
-        self.read_seq += 1;
-        self.read_seq
+        self.seq += 1;
+        self.seq
     }
 
     fn handle(&mut self, cmd: Cmd) -> Result<bool> {
@@ -533,6 +540,11 @@ impl<O: Send + 'static> Driver<O> {
         if to > log.applied {
             self.raw.advance_apply_to(to);
         }
+        self.answer_applied();
+    }
+
+    /// Answers the membership changes and reads waiting for what is applied now.
+    fn answer_applied(&mut self) {
         let applied = self.applied;
         let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.changes_applied)
             .into_iter()
@@ -653,7 +665,7 @@ impl<O: Send + 'static> Driver<O> {
                 }
             }
         }
-        self.on_applied(self.applied);
+        self.answer_applied();
     }
 
     fn send(&mut self, msgs: Vec<Message>) {
