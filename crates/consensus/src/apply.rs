@@ -13,6 +13,31 @@ use raft::eraftpb::{Entry, EntryType};
 use crate::node::{
     parse_context, Cmd, Committed, Error, Result, Shared, StateMachine, TAG_PROPOSAL,
 };
+use crate::snap::Snapshotter;
+
+/// Restores the state machine from the snapshot data received for (`index`, `term`), then
+/// deletes that data (kept until now so a crash during the restore can redo it at restart).
+pub(crate) fn restore_received<S: StateMachine>(
+    sm: &mut S,
+    snapshotter: &Snapshotter,
+    index: u64,
+    term: u64,
+) -> Result<()> {
+    let path = snapshotter.recv_path(index);
+    let file = File::open(&path).map_err(|e| {
+        Error::StateMachine(std::io::Error::other(format!(
+            "snapshot data {}: {e}",
+            path.display()
+        )))
+    })?;
+    sm.restore(index, term, &mut BufReader::new(file))
+        .map_err(Error::StateMachine)?;
+    fail::fail_point!("raft_snapshot_apply");
+    if let Err(e) = fs::remove_file(&path) {
+        tracing::warn!("cannot remove {}: {e}", path.display());
+    }
+    Ok(())
+}
 
 /// Work for the apply thread, in log order.
 #[derive(Debug)]
@@ -128,20 +153,7 @@ impl<S: StateMachine> Applier<S> {
     }
 
     fn restore(&mut self, index: u64, term: u64) -> Result<()> {
-        let path = self.shared.snapshotter.recv_path(index);
-        let file = File::open(&path).map_err(|e| {
-            Error::StateMachine(std::io::Error::other(format!(
-                "snapshot data {}: {e}",
-                path.display()
-            )))
-        })?;
-        self.sm
-            .restore(index, term, &mut BufReader::new(file))
-            .map_err(Error::StateMachine)?;
-        fail::fail_point!("raft_snapshot_apply");
-        if let Err(e) = fs::remove_file(&path) {
-            tracing::warn!("cannot remove {}: {e}", path.display());
-        }
+        restore_received(&mut self.sm, &self.shared.snapshotter, index, term)?;
         self.durable = index;
         tracing::info!(
             index,

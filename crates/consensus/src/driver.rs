@@ -15,7 +15,7 @@ use raft::eraftpb::{
 use raft::{RawNode, ReadOnlyOption, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::oneshot;
 
-use crate::apply::{Applier, ApplyTask};
+use crate::apply::{restore_received, Applier, ApplyTask};
 use crate::log::LogStore;
 use crate::member::{Member, Members};
 use crate::node::{
@@ -185,19 +185,14 @@ impl<O: Send + 'static> Driver<O> {
         if sm.applied() < meta.index && meta.index > BOOTSTRAP_INDEX {
             // A snapshot from the leader was recorded but the state machine had not finished
             // restoring it: restore it again.
-            let path = snapshotter.recv_path(meta.index);
-            let file = fs::File::open(&path).map_err(|e| {
+            let at = sm.applied();
+            restore_received(&mut sm, &snapshotter, meta.index, meta.term).map_err(|e| {
                 Error::Config(format!(
-                    "the state machine is at index {} but the log starts after a snapshot at {} \
-                     whose data ({}) cannot be read: {e}; refusing to start",
-                    sm.applied(),
-                    meta.index,
-                    path.display()
+                    "the state machine is at index {at} but the log starts after a snapshot at {} \
+                     that cannot be restored ({e}); refusing to start",
+                    meta.index
                 ))
             })?;
-            sm.restore(meta.index, meta.term, &mut std::io::BufReader::new(file))
-                .map_err(Error::StateMachine)?;
-            let _ = fs::remove_file(&path);
         }
         let mut hs = rec.hard_state.clone();
         // The snapshot record and the hard state after it are separate writes.
