@@ -15,6 +15,7 @@ pub mod transport;
 pub mod wal;
 
 pub use codec::Malformed;
+pub use driver::existing_member;
 pub use member::{cluster_id, member_id, parse_initial_cluster, Member, Members};
 pub use node::{
     Change, Committed, Config, Error, Inbox, RaftNode, Result, Role, Start, StateMachine, Status,

@@ -404,6 +404,29 @@ impl<O: Send + 'static> RaftNode<O> {
         self.shared.status.lock().clone()
     }
 
+    /// The current term (cheaper than [`RaftNode::status`]: nothing is cloned).
+    pub fn term(&self) -> u64 {
+        self.shared.status.lock().term
+    }
+
+    /// The known leader and this member's role (cheap, as [`RaftNode::term`]).
+    pub fn leader(&self) -> (Option<u64>, Role) {
+        let s = self.shared.status.lock();
+        (s.leader, s.role)
+    }
+
+    /// The commit and applied indexes (cheap, as [`RaftNode::term`]).
+    pub fn progress(&self) -> (u64, u64) {
+        let s = self.shared.status.lock();
+        (s.commit, s.applied)
+    }
+
+    /// Whether this member is a learner (cheap, as [`RaftNode::term`]).
+    pub fn is_learner(&self) -> bool {
+        let s = self.shared.status.lock();
+        s.members.get(s.id).is_some_and(|m| m.is_learner)
+    }
+
     pub fn members(&self) -> Members {
         self.shared.status.lock().members.clone()
     }

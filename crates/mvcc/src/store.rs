@@ -158,6 +158,9 @@ pub(crate) struct WriteState {
     pending: Arc<Pending>,
     pending_len: usize,
     applied: Applied,
+    /// The applied position the pager holds (a flush with nothing else to write still records
+    /// a newer one: entries without data advance it too).
+    persisted: Applied,
     /// A compaction scheduled since the last flush.
     new_compaction: Option<i64>,
     failed: Option<String>,
@@ -268,6 +271,7 @@ impl Store {
                 pending: pending.clone(),
                 pending_len: 0,
                 applied,
+                persisted: applied,
                 new_compaction: None,
                 failed: None,
             }),
@@ -525,6 +529,7 @@ impl Inner {
             }
             let leases = std::mem::take(&mut self.lessor.lock().dirty);
             if st.pending_len == 0
+                && st.applied == st.persisted
                 && st.new_compaction.is_none()
                 && job.is_none()
                 && leases.is_empty()
@@ -544,6 +549,10 @@ impl Inner {
                     .write()
                     .pendings
                     .retain(|p| !Arc::ptr_eq(p, &taken));
+                let mut st = self.state.lock();
+                if applied.index > st.persisted.index {
+                    st.persisted = applied;
+                }
                 Ok(())
             }
             Err(e) => {

@@ -1,0 +1,244 @@
+//! The command line: etcd's flags, names and defaults (and their `ETCD_*` environment
+//! variables), kvd's own additions, and clear refusals of etcd flags kvd does not support.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// kvd: a distributed, consistent key-value store that speaks etcd's v3 API.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvd",
+    disable_version_flag = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Option<Cmd>,
+    #[command(flatten)]
+    pub serve: ServeFlags,
+    /// Print the version and exit.
+    #[arg(long)]
+    pub version: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Snapshot tools.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCmd {
+    /// Builds a new member's data directory from a snapshot file (`etcdctl snapshot save`):
+    /// the keys and their history, in a new cluster of the members given.
+    Restore(RestoreFlags),
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreFlags {
+    /// The snapshot file.
+    pub file: PathBuf,
+    /// The data directory to create (must not exist).
+    #[arg(long, default_value = "")]
+    pub data_dir: String,
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    #[arg(long, default_value = "")]
+    pub initial_cluster: String,
+    #[arg(long, default_value = "etcd-cluster")]
+    pub initial_cluster_token: String,
+    #[arg(long, default_value = "http://localhost:2380")]
+    pub initial_advertise_peer_urls: String,
+}
+
+/// The server's flags (etcd's, unless marked kvd's).
+#[derive(Debug, Args)]
+pub struct ServeFlags {
+    /// Human-readable name for this member.
+    #[arg(long, env = "ETCD_NAME", default_value = "default")]
+    pub name: String,
+    /// Path to the data directory (default: `<name>.kvd`).
+    #[arg(long, env = "ETCD_DATA_DIR", default_value = "")]
+    pub data_dir: String,
+    /// URLs to listen on for client traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_CLIENT_URLS",
+        default_value = "http://localhost:2379"
+    )]
+    pub listen_client_urls: String,
+    /// This member's client URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_ADVERTISE_CLIENT_URLS",
+        default_value = "http://localhost:2379"
+    )]
+    pub advertise_client_urls: String,
+    /// URLs to listen on for peer traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_PEER_URLS",
+        default_value = "http://localhost:2380"
+    )]
+    pub listen_peer_urls: String,
+    /// This member's peer URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+        default_value = "http://localhost:2380"
+    )]
+    pub initial_advertise_peer_urls: String,
+    /// Initial cluster configuration for bootstrapping (`name=url,…`; default: this member
+    /// alone at its advertised peer URLs).
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER", default_value = "")]
+    pub initial_cluster: String,
+    /// `new` to bootstrap a cluster, `existing` to join one (after `member add`).
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
+    pub initial_cluster_state: String,
+    /// Initial cluster token, mixed into the cluster and member ids.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_CLUSTER_TOKEN",
+        default_value = "etcd-cluster"
+    )]
+    pub initial_cluster_token: String,
+    /// Raise the NOSPACE alarm when the backend exceeds this size (0 = 2 GiB).
+    #[arg(long, env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
+    pub quota_backend_bytes: u64,
+    /// Applied entries between snapshots.
+    #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 10_000)]
+    pub snapshot_count: u64,
+    /// Time (ms) of a heartbeat interval.
+    #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Time (ms) for an election to time out.
+    #[arg(long, env = "ETCD_ELECTION_TIMEOUT", default_value_t = 1000)]
+    pub election_timeout: u64,
+    /// `periodic` (retention is a duration) or `revision` (retention is a revision count).
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_MODE", default_value = "periodic")]
+    pub auto_compaction_mode: String,
+    /// History to keep when auto-compacting: `0` disables (periodic: `1h`, `30m`, or hours).
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+    /// Maximum client request size in bytes the server will accept.
+    #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
+    pub max_request_bytes: usize,
+    /// Maximum operations in a transaction.
+    #[arg(long, env = "ETCD_MAX_TXN_OPS", default_value_t = 128)]
+    pub max_txn_ops: usize,
+    /// Snapshot files to keep (0 = unlimited).
+    #[arg(long, env = "ETCD_MAX_SNAPSHOTS", default_value_t = 5)]
+    pub max_snapshots: usize,
+    /// WAL files to keep (0 = unlimited).
+    #[arg(long, env = "ETCD_MAX_WALS", default_value_t = 5)]
+    pub max_wals: usize,
+    /// Log level: debug, info, warn, error.
+    #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: `json` (etcd's default) or `text`/`console`.
+    #[arg(long, env = "ETCD_LOG_FORMAT", default_value = "json")]
+    pub log_format: String,
+    /// Period of progress notifications to watchers that asked for them.
+    #[arg(
+        long,
+        alias = "experimental-watch-progress-notify-interval",
+        env = "ETCD_WATCH_PROGRESS_NOTIFY_INTERVAL",
+        default_value = "10m"
+    )]
+    pub watch_progress_notify_interval: String,
+    /// kvd's: the pager's free-page algorithm, `hashmap` (default) or `array` (bbolt's). etcd's
+    /// `--backend-bbolt-freelist-type` (`map`, `array`) is accepted too.
+    #[arg(
+        long,
+        alias = "backend-bbolt-freelist-type",
+        env = "KVD_FREELIST_TYPE",
+        default_value = "hashmap"
+    )]
+    pub freelist_type: String,
+}
+
+/// etcd flags kvd knows of and does not support yet, with why; refused with that reason.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("cert-file", "client TLS is not supported yet"),
+    ("key-file", "client TLS is not supported yet"),
+    ("client-cert-auth", "client TLS is not supported yet"),
+    ("trusted-ca-file", "client TLS is not supported yet"),
+    ("auto-tls", "TLS is not supported yet"),
+    ("peer-cert-file", "peer TLS is not supported yet"),
+    ("peer-key-file", "peer TLS is not supported yet"),
+    ("peer-client-cert-auth", "peer TLS is not supported yet"),
+    ("peer-trusted-ca-file", "peer TLS is not supported yet"),
+    ("peer-auto-tls", "peer TLS is not supported yet"),
+    (
+        "discovery",
+        "discovery is not supported; use --initial-cluster",
+    ),
+    (
+        "discovery-srv",
+        "discovery is not supported; use --initial-cluster",
+    ),
+    (
+        "discovery-endpoints",
+        "discovery is not supported; use --initial-cluster",
+    ),
+    (
+        "listen-metrics-urls",
+        "metrics are served on the client URLs only",
+    ),
+    ("enable-v2", "the v2 API is gone from etcd 3.6 as well"),
+    ("auth-token", "authentication is not supported yet"),
+    ("enable-pprof", "pprof is a Go runtime facility"),
+    ("unsafe-no-fsync", "kvd does not run without fsync"),
+    ("force-new-cluster", "not supported yet"),
+    ("wal-dir", "the WAL lives in the data directory"),
+];
+
+/// Rewrites Go-style single-dash long flags (`-name x`) to `--name x`, as etcd accepts both,
+/// and refuses etcd flags kvd does not support with the reason.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (i, a) in args.into_iter().enumerate() {
+        let a = if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
+            format!("-{a}")
+        } else {
+            a
+        };
+        if let Some(name) = a.strip_prefix("--") {
+            let name = name.split('=').next().unwrap_or_default();
+            if let Some((_, why)) = UNSUPPORTED.iter().find(|(f, _)| *f == name) {
+                return Err(format!("kvd: etcd's flag --{name} is not supported: {why}"));
+            }
+        }
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// Splits a comma-separated URL list.
+pub fn urls(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_style_flags() {
+        let args = ["kvd", "-name", "a", "--data-dir=x", "-v"].map(String::from);
+        assert_eq!(
+            normalize_args(args).unwrap(),
+            ["kvd", "--name", "a", "--data-dir=x", "-v"]
+        );
+        let err = normalize_args(["kvd", "--cert-file", "c"].map(String::from)).unwrap_err();
+        assert!(err.contains("--cert-file") && err.contains("TLS"), "{err}");
+    }
+}

@@ -1,0 +1,403 @@
+//! `kvd`: one member of a kvd cluster — etcd's flags, the etcd v3 API on the client URLs, the
+//! raft peer protocol on the peer URLs.
+
+mod config;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use config::{Cli, Cmd, RestoreFlags, ServeFlags, SnapshotCmd};
+use consensus::grpc::{GrpcTransport, PeerService};
+use consensus::{Member, RaftNode, Start};
+use rpc::{Backend, Core, KvStateMachine, ServerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// How long shutdown waits for open client streams before closing them.
+const DRAIN: Duration = Duration::from_secs(2);
+
+fn main() -> ExitCode {
+    let args = match config::normalize_args(std::env::args()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
+    if cli.version {
+        println!("kvd Version: {}", env!("CARGO_PKG_VERSION"));
+        println!("etcd API Version: {}", rpc::server::ETCD_API_VERSION);
+        return ExitCode::SUCCESS;
+    }
+    let r = match cli.cmd {
+        Some(Cmd::Snapshot {
+            cmd: SnapshotCmd::Restore(f),
+        }) => restore(&f),
+        None => serve(cli.serve),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("kvd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T, E = String> = std::result::Result<T, E>;
+
+fn init_logging(level: &str, format: &str) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| format!("--log-level {level:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        "json" => builder.json().init(),
+        "text" | "console" => builder.with_ansi(false).init(),
+        other => return Err(format!("--log-format {other:?}: want json or text")),
+    }
+    Ok(())
+}
+
+/// Everything the flags determine, checked.
+struct Plan {
+    name: String,
+    member_dir: PathBuf,
+    id: u64,
+    cluster_id: u64,
+    start: Start,
+    client_listen: Vec<String>,
+    peer_listen: Vec<String>,
+    raft: consensus::Config,
+    server: ServerConfig,
+    store: mvcc::StoreOptions,
+}
+
+fn same_urls(a: &[String], b: &[String]) -> bool {
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    a.sort();
+    b.sort();
+    a == b
+}
+
+fn plan(f: &ServeFlags) -> Result<Plan> {
+    let data_dir = if f.data_dir.is_empty() {
+        PathBuf::from(format!("{}.kvd", f.name))
+    } else {
+        PathBuf::from(&f.data_dir)
+    };
+    let member_dir = data_dir.join("member");
+    if f.heartbeat_interval == 0 || f.election_timeout < 5 * f.heartbeat_interval {
+        return Err(format!(
+            "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
+            f.election_timeout, f.heartbeat_interval
+        ));
+    }
+    if f.max_request_bytes == 0 || f.max_txn_ops == 0 {
+        return Err("--max-request-bytes and --max-txn-ops must be positive".into());
+    }
+    let peer_urls = config::urls(&f.initial_advertise_peer_urls);
+    let client_urls = config::urls(&f.advertise_client_urls);
+    let token = &f.initial_cluster_token;
+    let initial = if f.initial_cluster.is_empty() {
+        peer_urls
+            .iter()
+            .map(|u| format!("{}={u}", f.name))
+            .collect::<Vec<_>>()
+            .join(",")
+    } else {
+        f.initial_cluster.clone()
+    };
+    let members = consensus::parse_initial_cluster(&initial, token)?;
+    let wal_opts = consensus::wal::Options::default();
+    let existing = consensus::existing_member(&member_dir, wal_opts).map_err(|e| e.to_string())?;
+    let (id, cluster_id, start) = match existing {
+        Some((cluster_id, id)) => {
+            tracing::info!(dir = %member_dir.display(), member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "restarting from the data directory");
+            (id, cluster_id, Start::Join)
+        }
+        None => match f.initial_cluster_state.as_str() {
+            "new" => {
+                let me = members.iter().find(|m| m.name == f.name).cloned().ok_or_else(|| {
+                    format!(
+                        "couldn't find local name {:?} in the initial cluster configuration ({initial})",
+                        f.name
+                    )
+                })?;
+                if !same_urls(&me.peer_urls, &peer_urls) {
+                    return Err(format!(
+                        "--initial-cluster has {}={} but missing from --initial-advertise-peer-urls={}",
+                        f.name,
+                        me.peer_urls.join(","),
+                        peer_urls.join(",")
+                    ));
+                }
+                let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+                let cluster_id = consensus::cluster_id(&ids, token);
+                let members: Vec<Member> = members
+                    .into_iter()
+                    .map(|mut m| {
+                        if m.id == me.id {
+                            m.client_urls = client_urls.clone();
+                        }
+                        m
+                    })
+                    .collect();
+                let id = me.id;
+                (id, cluster_id, Start::NewCluster(members))
+            }
+            "existing" => return Err(
+                "--initial-cluster-state existing: joining a running cluster is not supported yet"
+                    .into(),
+            ),
+            other => {
+                return Err(format!(
+                    "--initial-cluster-state {other:?}: want new or existing"
+                ))
+            }
+        },
+    };
+    let heartbeat = Duration::from_millis(f.heartbeat_interval);
+    let election = Duration::from_millis(f.election_timeout);
+    let mut raft = consensus::Config::new(id, cluster_id, &member_dir);
+    raft.heartbeat = heartbeat;
+    raft.election_ticks = (f.election_timeout / f.heartbeat_interval) as usize;
+    raft.snapshot_count = f.snapshot_count.max(1);
+    raft.max_snapshots = if f.max_snapshots == 0 {
+        usize::MAX
+    } else {
+        f.max_snapshots
+    };
+    raft.max_wals = if f.max_wals == 0 {
+        usize::MAX
+    } else {
+        f.max_wals
+    };
+    raft.request_timeout = Duration::from_secs(5) + 2 * election;
+    let mut server = ServerConfig::new(&f.name);
+    server.max_request_bytes = f.max_request_bytes;
+    server.max_txn_ops = f.max_txn_ops;
+    if f.quota_backend_bytes > 0 {
+        server.quota_backend_bytes = f.quota_backend_bytes;
+    }
+    server.cluster_token = token.clone();
+    server.client_urls = client_urls;
+    server.election_timeout = election;
+    server.watch_progress_notify_interval = rpc::parse_duration(&f.watch_progress_notify_interval)
+        .map_err(|e| format!("--watch-progress-notify-interval: {e}"))?;
+    server.auto_compaction =
+        rpc::AutoCompaction::parse(&f.auto_compaction_mode, &f.auto_compaction_retention)?;
+    let freelist = match f.freelist_type.as_str() {
+        "map" => pager::FreelistKind::Hashmap,
+        other => other
+            .parse()
+            .map_err(|_| format!("--freelist-type {other:?}: want hashmap (map) or array"))?,
+    };
+    let store = mvcc::StoreOptions {
+        freelist,
+        // The WAL holds every applied entry: a flush need not fsync (consensus syncs the store
+        // before it purges the log behind a snapshot).
+        durable_flush: false,
+        // etcd's minimum lease TTL: 1.5 election timeouts, rounded up to whole seconds.
+        min_lease_ttl: (f.election_timeout * 3 / 2).div_ceil(1000) as i64,
+        ..Default::default()
+    };
+    Ok(Plan {
+        name: f.name.clone(),
+        member_dir,
+        id,
+        cluster_id,
+        start,
+        client_listen: config::urls(&f.listen_client_urls),
+        peer_listen: config::urls(&f.listen_peer_urls),
+        raft,
+        server,
+        store,
+    })
+}
+
+/// The socket addresses a list of `http://host:port` URLs names.
+async fn bind_all(urls: &[String], what: &str) -> Result<Vec<TcpListener>> {
+    let mut out = Vec::new();
+    for u in urls {
+        let Some(("http", hostport)) = u.split_once("://") else {
+            return Err(format!(
+                "{what} {u:?}: kvd listens on http://host:port URLs (TLS and unix sockets are not supported yet)"
+            ));
+        };
+        let hostport = hostport.trim_end_matches('/');
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(hostport)
+            .await
+            .map_err(|e| format!("{what} {u}: {e}"))?
+            .collect();
+        // localhost resolves to both families; etcd listens on the first.
+        let addr = addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .ok_or_else(|| format!("{what} {u}: resolves to no address"))?;
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("{what} {u}: cannot listen on {addr}: {e}"))?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+fn serve(f: ServeFlags) -> Result<()> {
+    init_logging(&f.log_level, &f.log_format)?;
+    let p = plan(&f)?;
+    std::fs::create_dir_all(p.member_dir.join("snap"))
+        .map_err(|e| format!("{}: {e}", p.member_dir.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvd")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let db = p.member_dir.join("snap").join("db");
+    let backend = Arc::new(Backend::open(&db, p.store.clone()).map_err(|e| e.to_string())?);
+    let alarms = rpc::Alarms::default();
+    let sm = KvStateMachine::new(backend.clone(), alarms.clone());
+    // Listeners first: a port in use fails before anything is written.
+    let (peer_ls, client_ls) = rt.block_on(async {
+        Ok::<_, String>((
+            bind_all(&p.peer_listen, "--listen-peer-urls").await?,
+            bind_all(&p.client_listen, "--listen-client-urls").await?,
+        ))
+    })?;
+    let transport = GrpcTransport::new(p.cluster_id, p.id, rt.handle().clone());
+    let node = RaftNode::start(p.raft, p.start, sm, transport).map_err(|e| e.to_string())?;
+    let inbox = node.inbox();
+    let core = Core::new(node, backend, alarms, p.server, p.cluster_id);
+    tracing::info!(name = %p.name, member = %format!("{:x}", p.id), cluster = %format!("{:x}", p.cluster_id), "kvd started");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = Vec::new();
+    for l in peer_ls {
+        let svc = PeerService::new(p.cluster_id, p.id, inbox.clone()).into_server();
+        let routes = tonic::service::Routes::new(svc);
+        servers.push(spawn_server(&rt, l, routes, "peer", stop_rx.clone()));
+    }
+    for l in client_ls {
+        let routes = rpc::services(&core);
+        servers.push(spawn_server(&rt, l, routes, "client", stop_rx.clone()));
+    }
+    rt.spawn(rpc::background(Arc::downgrade(&core)));
+
+    let why = rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => Ok::<_, String>("SIGINT"),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    })?;
+    tracing::info!("received {why}: shutting down");
+    let _ = stop_tx.send(true);
+    rt.block_on(async {
+        let _ = tokio::time::timeout(DRAIN, async {
+            for s in servers {
+                let _ = s.await;
+            }
+        })
+        .await;
+    });
+    rt.shutdown_timeout(DRAIN);
+    // The last reference: stops the raft member, then closes the store (flushed and synced).
+    drop(core);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Serves `routes` on `l` until `stop` turns true.
+fn spawn_server(
+    rt: &tokio::runtime::Runtime,
+    l: TcpListener,
+    routes: tonic::service::Routes,
+    what: &str,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
+    let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(%addr, "serving {what} traffic");
+    rt.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    })
+}
+
+fn restore(f: &RestoreFlags) -> Result<()> {
+    init_logging("info", "text")?;
+    let data_dir = if f.data_dir.is_empty() {
+        PathBuf::from(format!("{}.kvd", f.name))
+    } else {
+        PathBuf::from(&f.data_dir)
+    };
+    if data_dir.exists() {
+        return Err(format!(
+            "data-dir {:?} exists; restore into a new directory",
+            data_dir.display()
+        ));
+    }
+    // As etcdutl's: the member must be in the cluster it will bootstrap. The raft log starts
+    // afresh when the member first starts (with these same flags); the restored store's
+    // applied index is reset to match.
+    let peer_urls = config::urls(&f.initial_advertise_peer_urls);
+    let initial = if f.initial_cluster.is_empty() {
+        peer_urls
+            .iter()
+            .map(|u| format!("{}={u}", f.name))
+            .collect::<Vec<_>>()
+            .join(",")
+    } else {
+        f.initial_cluster.clone()
+    };
+    let members = consensus::parse_initial_cluster(&initial, &f.initial_cluster_token)?;
+    if !members
+        .iter()
+        .any(|m| m.name == f.name && same_urls(&m.peer_urls, &peer_urls))
+    {
+        return Err(format!(
+            "--initial-cluster {initial} has no member {:?} at --initial-advertise-peer-urls {}",
+            f.name, f.initial_advertise_peer_urls
+        ));
+    }
+    let mut file = std::fs::File::open(&f.file)
+        .map_err(|e| format!("snapshot file {}: {e}", f.file.display()))?;
+    let snap_dir = data_dir.join("member").join("snap");
+    std::fs::create_dir_all(&snap_dir).map_err(|e| format!("{}: {e}", snap_dir.display()))?;
+    let r = restore_into(&mut file, &snap_dir.join("db"));
+    if let Err(e) = r {
+        let _ = std::fs::remove_dir_all(&data_dir);
+        return Err(e);
+    }
+    println!(
+        "restored snapshot {} into {}",
+        f.file.display(),
+        data_dir.display()
+    );
+    Ok(())
+}
+
+fn restore_into(file: &mut std::fs::File, db: &Path) -> Result<()> {
+    let opts = mvcc::StoreOptions::default();
+    rpc::restore_file(file, db, &opts).map_err(|e| format!("restore: {e}"))?;
+    let store = mvcc::Store::open(db, opts).map_err(|e| format!("restore: {e}"))?;
+    {
+        let mut w = store.write().map_err(|e| e.to_string())?;
+        w.set_applied(mvcc::Applied::default());
+    }
+    store.close().map_err(|e| e.to_string())
+}

@@ -1,0 +1,234 @@
+//! Real processes for the kvd tests: kvd members (and etcd, to compare with) on free loopback
+//! ports in temporary directories, etcdctl built from the Go module proxy by the project's own
+//! script, and cleanup (SIGKILL and wait) when a handle is dropped.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The directory holding etcdctl and etcd v3.6.5 (built on first use).
+pub fn tools() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tools/etcd-tools.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run tests/tools/etcd-tools.sh");
+        assert!(out.status.success(), "building etcdctl failed");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+pub fn kvd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kvd")
+}
+
+/// A free loopback port (bound and released; the caller binds it again at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One member's addresses.
+#[derive(Debug, Clone)]
+pub struct Addrs {
+    pub name: String,
+    pub client: String,
+    pub peer: String,
+}
+
+impl Addrs {
+    pub fn new(name: &str) -> Addrs {
+        Addrs {
+            name: name.into(),
+            client: format!("http://127.0.0.1:{}", free_port()),
+            peer: format!("http://127.0.0.1:{}", free_port()),
+        }
+    }
+
+    /// The endpoint etcdctl takes (host:port).
+    pub fn endpoint(&self) -> String {
+        self.client.trim_start_matches("http://").to_string()
+    }
+}
+
+/// `--initial-cluster` for these members.
+pub fn initial_cluster(ms: &[Addrs]) -> String {
+    ms.iter()
+        .map(|m| format!("{}={}", m.name, m.peer))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A running server process; SIGKILLed and reaped on drop.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Option<Child>,
+    pub addrs: Addrs,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin` as member `m` with data in `dir`, the cluster's members `all`, and `extra`
+    /// flags. kvd and etcd take the same flags.
+    pub fn start(
+        bin: &Path,
+        m: &Addrs,
+        dir: &Path,
+        all: &[Addrs],
+        state: &str,
+        extra: &[&str],
+    ) -> Proc {
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        let log = dir.with_extension("log");
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(bin)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen-client-urls", &m.client])
+            .args(["--advertise-client-urls", &m.client])
+            .args(["--listen-peer-urls", &m.peer])
+            .args(["--initial-advertise-peer-urls", &m.peer])
+            .args(["--initial-cluster", &initial_cluster(all)])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "kvd-test"])
+            .args(["--log-level", "info"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        Proc {
+            child: Some(child),
+            addrs: m.clone(),
+            log,
+        }
+    }
+
+    pub fn kvd(m: &Addrs, dir: &Path, all: &[Addrs], state: &str, extra: &[&str]) -> Proc {
+        Proc::start(Path::new(kvd_bin()), m, dir, all, state, extra)
+    }
+
+    pub fn etcd(m: &Addrs, dir: &Path, all: &[Addrs], extra: &[&str]) -> Proc {
+        Proc::start(&tools().join("etcd"), m, dir, all, "new", extra)
+    }
+
+    /// SIGKILL now.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("{} did not exit on SIGTERM", self.addrs.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The process's log so far (for failure messages).
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Waits until the member answers a linearizable read (it has a leader).
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = ctl(&self.addrs.endpoint(), &["get", "x"]);
+            if out.status.success() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Some(s) = c.try_wait().unwrap() {
+                    panic!("{} exited ({s}):\n{}", self.addrs.name, self.log_tail());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready: {}\n{}",
+                self.addrs.name,
+                String::from_utf8_lossy(&out.stderr),
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs etcdctl against `endpoints` (comma-separated host:port).
+pub fn ctl(endpoints: &str, args: &[&str]) -> Output {
+    ctl_input(endpoints, args, "")
+}
+
+/// Runs etcdctl with `input` on its stdin.
+pub fn ctl_input(endpoints: &str, args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut c = Command::new(tools().join("etcdctl"))
+        .args(["--endpoints", endpoints, "--command-timeout", "10s"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    c.wait_with_output().unwrap()
+}
+
+/// etcdctl's stdout, asserting success.
+pub fn ctl_ok(endpoints: &str, args: &[&str]) -> String {
+    let out = ctl(endpoints, args);
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Polls `f` until it holds.
+pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,270 @@
+//! etcdctl v3.6.5 against a kvd process, and the same commands against etcd v3.6.5: what
+//! etcdctl prints (stdout, stderr, exit status) must be the same, but for ids, ports and
+//! clocks.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{ctl, ctl_input, ctl_ok, tools, Addrs, Proc};
+
+/// Replaces what differs between two servers by design: member, cluster and lease ids, the
+/// endpoint, raft terms and clocks.
+fn normalize(s: &str, endpoint: &str) -> String {
+    let s = s.replace(endpoint, "<endpoint>");
+    let mut out = String::new();
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        // Ids print as 16 hex digits (or as 19-20 decimal ones in JSON); a hash as decimal.
+        let hexish = token.len() >= 12
+            && token.chars().all(|c| c.is_ascii_hexdigit())
+            && (token.len() >= 15 || token.chars().any(|c| c.is_ascii_alphabetic()));
+        let id_number = token.len() >= 15 && token.chars().all(|c| c.is_ascii_digit());
+        if hexish || id_number {
+            out.push_str("<id>");
+        } else {
+            out.push_str(token);
+        }
+        token.clear();
+    };
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    // A lease's remaining TTL depends on when it is asked; raft terms on elections.
+    let mut lines = Vec::new();
+    for l in out.lines() {
+        // The client's retry warnings carry a clock and a pointer: keep their error only.
+        if l.starts_with("{\"level\":\"warn\"") {
+            let err = l.split("\"error\":").nth(1).unwrap_or_default();
+            lines.push(format!("<client warning: {err}"));
+            continue;
+        }
+        let l = match l.find("remaining(") {
+            Some(i) => format!(
+                "{}remaining(N){}",
+                &l[..i],
+                &l[l[i..].find(')').map_or(l.len(), |j| i + j + 1)..]
+            ),
+            None => l.to_string(),
+        };
+        lines.push(without_json_field(&l, "raft_term"));
+    }
+    lines.join("\n")
+}
+
+/// Drops `"field":<number>` from JSON output.
+fn without_json_field(l: &str, field: &str) -> String {
+    let pat = format!("\"{field}\":");
+    let Some(i) = l.find(&pat) else {
+        return l.to_string();
+    };
+    let rest = &l[i + pat.len()..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    format!("{}\"{field}\":N{}", &l[..i], &rest[end..])
+}
+
+/// One step of the script: etcdctl arguments and stdin. `{lease}` is replaced by the id of the
+/// lease granted earlier on that server.
+const SCRIPT: &[(&str, &str)] = &[
+    ("put foo bar", ""),
+    ("put foo baz --prev-kv", ""),
+    ("get foo", ""),
+    ("get foo -w json", ""),
+    ("put foo1 one", ""),
+    ("put foo2 two", ""),
+    ("put zed last", ""),
+    ("get foo --prefix", ""),
+    ("get foo --prefix --limit 2 -w json", ""),
+    (
+        "get foo --prefix --keys-only --sort-by=MODIFY --order=DESCEND",
+        "",
+    ),
+    ("get foo --prefix --count-only -w json", ""),
+    ("get foo --rev 2", ""),
+    ("get foo1 --from-key --print-value-only", ""),
+    ("get foo --consistency=s", ""),
+    ("get foo --rev 100", ""),
+    ("get foo zzz", ""),
+    ("put foo1 --ignore-value", ""),
+    ("get foo1", ""),
+    ("put nosuchkey --ignore-value", ""),
+    ("del foo2 --prev-kv", ""),
+    ("del nothing", ""),
+    ("del foo --prefix", ""),
+    (
+        "txn",
+        "value(\"zed\") = \"last\"\n\nput zed new\nget zed\n\nput zed other\n\n",
+    ),
+    ("txn -w json", "mod(\"zed\") > \"0\"\n\nget zed\n\n\n"),
+    ("txn", "version(\"nope\") = \"0\"\n\ndel zed\n\n\n"),
+    ("get zed", ""),
+    ("compaction 3", ""),
+    ("get foo --rev 2", ""),
+    ("compaction 2", ""),
+    // Before any lease: the stored values then hold lease ids, which differ by server.
+    ("endpoint hashkv -w table", ""),
+    ("lease grant 100", ""),
+    ("put leased v --lease {lease}", ""),
+    ("lease timetolive {lease}", ""),
+    ("lease timetolive {lease} --keys", ""),
+    ("lease list", ""),
+    ("lease keep-alive --once {lease}", ""),
+    ("lease revoke {lease}", ""),
+    ("get leased", ""),
+    ("lease timetolive {lease}", ""),
+    ("lease revoke {lease}", ""),
+    ("put bad --lease 1234", ""),
+    ("alarm list", ""),
+];
+
+struct Run {
+    lease: String,
+    outputs: Vec<String>,
+}
+
+fn run_script(endpoint: &str) -> Run {
+    let mut run = Run {
+        lease: String::new(),
+        outputs: Vec::new(),
+    };
+    for (template, input) in SCRIPT {
+        let cmd = template.replace("{lease}", &run.lease);
+        let args: Vec<&str> = cmd.split_whitespace().collect();
+        let out = ctl_input(endpoint, &args, input);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        if cmd == "lease grant 100" {
+            run.lease = stdout
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_string();
+        }
+        run.outputs.push(format!(
+            "$ etcdctl {template}\n[exit {}]\n{}{}",
+            out.status.code().unwrap_or(-1),
+            normalize(&stdout, endpoint),
+            normalize(&String::from_utf8_lossy(&out.stderr), endpoint)
+        ));
+    }
+    run
+}
+
+/// `etcdctl watch` from revision 1 for a moment: the whole history, as events.
+fn watch_history(endpoint: &str) -> String {
+    let mut c = Command::new(tools().join("etcdctl"))
+        .args([
+            "--endpoints",
+            endpoint,
+            "watch",
+            "--rev",
+            "1",
+            "--prefix",
+            "",
+            "--prev-kv",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = c.kill();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn etcdctl_prints_against_kvd_what_it_prints_against_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k, e) = (Addrs::new("default"), Addrs::new("default"));
+    let mut kvd = Proc::kvd(
+        &k,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&k),
+        "new",
+        &[],
+    );
+    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
+    kvd.wait_ready();
+    etcd.wait_ready();
+
+    let want = run_script(&e.endpoint());
+    let got = run_script(&k.endpoint());
+    let mut diffs = Vec::new();
+    for (w, g) in want.outputs.iter().zip(&got.outputs) {
+        if w != g {
+            diffs.push(format!("--- etcd:\n{w}\n--- kvd:\n{g}\n"));
+        }
+    }
+    assert!(
+        diffs.is_empty(),
+        "{} of {} commands differ:\n{}",
+        diffs.len(),
+        SCRIPT.len(),
+        diffs.join("\n")
+    );
+
+    // Watching from revision 1, below the compaction, is answered the same way by both.
+    let (w, g) = (watch_history(&e.endpoint()), watch_history(&k.endpoint()));
+    assert_eq!(normalize(&g, &k.endpoint()), normalize(&w, &e.endpoint()));
+
+    // Health and status answer.
+    assert!(ctl_ok(&k.endpoint(), &["endpoint", "health"]).contains("is healthy"));
+    let status = ctl_ok(&k.endpoint(), &["endpoint", "status", "-w", "json"]);
+    assert!(status.contains("\"leader\""), "{status}");
+    let members = ctl_ok(&k.endpoint(), &["member", "list"]);
+    assert!(
+        members.contains(&format!(
+            "started, default, {}, {}, false",
+            k.peer, k.client
+        )),
+        "{members}"
+    );
+    drop(etcd);
+
+    // A clean stop on SIGTERM.
+    assert!(kvd.terminate().success(), "{}", kvd.log_tail());
+}
+
+#[test]
+fn watch_sees_new_events_with_prev_kv_from_a_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Addrs::new("default");
+    let mut kvd = Proc::kvd(
+        &k,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&k),
+        "new",
+        &[],
+    );
+    kvd.wait_ready();
+    let ep = k.endpoint();
+    ctl_ok(&ep, &["put", "w", "1"]);
+    let mut c = Command::new(tools().join("etcdctl"))
+        .args(["--endpoints", &ep, "watch", "w", "--rev", "2", "--prev-kv"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    ctl_ok(&ep, &["put", "w", "2"]);
+    ctl_ok(&ep, &["del", "w"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = c.kill();
+    let out = c.wait_with_output().unwrap();
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        got,
+        "PUT\nw\n1\nPUT\nw\n1\nw\n2\nDELETE\nw\n2\nw\n\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = ctl(&ep, &["put", "", "x"]);
+    assert!(!bad.status.success());
+}

@@ -1,0 +1,135 @@
+//! `etcdserverpb.KV`: reads from a store snapshot (after a ReadIndex round unless
+//! serializable), writes through consensus.
+
+use std::sync::Arc;
+
+use api::etcdserverpb::kv_server::Kv;
+use api::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use mvcc::validate;
+use tonic::{Request, Response, Status};
+
+use crate::error;
+use crate::request::{Op, Response as Applied};
+use crate::server::Core;
+
+/// The KV service.
+#[derive(Debug, Clone)]
+pub struct KvService {
+    core: Arc<Core>,
+}
+
+impl KvService {
+    pub fn new(core: Arc<Core>) -> Self {
+        KvService { core }
+    }
+}
+
+fn unexpected(r: Applied) -> Status {
+    Status::internal(format!("unexpected apply result {r:?}"))
+}
+
+/// Whether a txn writes (any put or delete, at any depth).
+fn writes(t: &TxnRequest) -> bool {
+    !mvcc::is_txn_readonly(t)
+}
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let r = req.into_inner();
+        validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
+        if !r.serializable {
+            self.core.refuse_learner()?;
+            self.core.linearize().await?;
+        }
+        let store = self.core.backend.store();
+        let mut resp = store
+            .read()
+            .and_then(|mut s| s.range(&r))
+            .map_err(|e| error::mvcc(&e))?;
+        self.core.fill(&mut resp.header);
+        Ok(Response::new(resp))
+    }
+
+    async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let r = req.into_inner();
+        validate::check_put(&r).map_err(|e| error::mvcc(&e))?;
+        self.core.refuse_learner()?;
+        self.core.check_quota(r.key.len() + r.value.len()).await?;
+        match self.core.propose(Op::Put(r)).await? {
+            Applied::Put(mut resp) => {
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let r = req.into_inner();
+        validate::check_delete(&r).map_err(|e| error::mvcc(&e))?;
+        self.core.refuse_learner()?;
+        match self.core.propose(Op::DeleteRange(r)).await? {
+            Applied::DeleteRange(mut resp) => {
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let t = req.into_inner();
+        validate::check_txn(&t, self.core.cfg.max_txn_ops).map_err(|e| error::mvcc(&e))?;
+        self.core.refuse_learner()?;
+        if !writes(&t) {
+            self.core.linearize().await?;
+            let store = self.core.backend.store();
+            let mut resp = store
+                .read()
+                .and_then(|mut s| s.txn(&t))
+                .map_err(|e| error::mvcc(&e))?;
+            self.core.fill(&mut resp.header);
+            return Ok(Response::new(resp));
+        }
+        self.core
+            .check_quota(prost::Message::encoded_len(&t))
+            .await?;
+        match self.core.propose(Op::Txn(t)).await? {
+            Applied::Txn(mut resp) => {
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn compact(
+        &self,
+        req: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let r = req.into_inner();
+        self.core.refuse_learner()?;
+        let (rev, physical) = (r.revision, r.physical);
+        match self.core.propose(Op::Compaction(r)).await? {
+            Applied::Compaction(mut resp) => {
+                if physical {
+                    let store = self.core.backend.store();
+                    tokio::task::spawn_blocking(move || store.wait_compaction(rev))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .map_err(|e| error::mvcc(&e))?;
+                }
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+}

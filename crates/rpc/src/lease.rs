@@ -1,0 +1,217 @@
+//! `etcdserverpb.Lease`: grants and revocations go through consensus; keep-alives and
+//! time-to-live run on the leader, which alone runs lease clocks — a follower forwards them to
+//! the leader's client URL, as etcd forwards them to its leader.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use api::etcdserverpb::lease_client::LeaseClient;
+use api::etcdserverpb::lease_server::Lease;
+use api::etcdserverpb::{
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error;
+use crate::request::{Op, Response as Applied};
+use crate::server::Core;
+
+/// The Lease service.
+#[derive(Debug, Clone)]
+pub struct LeaseService {
+    core: Arc<Core>,
+}
+
+impl LeaseService {
+    pub fn new(core: Arc<Core>) -> Self {
+        LeaseService { core }
+    }
+}
+
+/// A lease id for a grant that left it to the server: positive, never 0.
+fn new_lease_id() -> i64 {
+    loop {
+        let id = rand::random::<i64>() & i64::MAX;
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// A keep-alive stream a follower holds open to the leader for one client stream.
+struct Forward {
+    leader: u64,
+    tx: mpsc::Sender<LeaseKeepAliveRequest>,
+    rx: Streaming<LeaseKeepAliveResponse>,
+}
+
+impl LeaseService {
+    /// One keep-alive: renewed here on the leader, else through `fwd` at the leader.
+    async fn renew(&self, id: i64, fwd: &mut Option<Forward>) -> Result<i64, Status> {
+        if self.core.is_leader() {
+            *fwd = None;
+            return match self.core.backend.store().lease_renew(id, Instant::now()) {
+                Ok(ttl) => Ok(ttl),
+                // etcd answers an unknown lease with TTL 0.
+                Err(mvcc::Error::LeaseNotFound) => Ok(0),
+                Err(e) => Err(error::mvcc(&e)),
+            };
+        }
+        let leader = self.core.leader()?;
+        if fwd.as_ref().is_none_or(|f| f.leader != leader) {
+            let mut client = LeaseClient::new(self.core.leader_channel()?);
+            let (tx, rx) = mpsc::channel(16);
+            let stream = client
+                .lease_keep_alive(ReceiverStream::new(rx))
+                .await
+                .map_err(|s| forward_failed(&s))?
+                .into_inner();
+            *fwd = Some(Forward {
+                leader,
+                tx,
+                rx: stream,
+            });
+        }
+        let f = fwd.as_mut().expect("set above");
+        let sent = f.tx.send(LeaseKeepAliveRequest { id }).await;
+        let got = match sent {
+            Ok(()) => f.rx.message().await,
+            Err(_) => Ok(None),
+        };
+        match got {
+            Ok(Some(r)) => Ok(r.ttl),
+            Ok(None) => {
+                *fwd = None;
+                Err(Status::unavailable("etcdserver: leader changed"))
+            }
+            Err(s) => {
+                *fwd = None;
+                Err(forward_failed(&s))
+            }
+        }
+    }
+}
+
+/// A forwarded request failed: the leader is unreachable or changed.
+fn forward_failed(s: &Status) -> Status {
+    tracing::debug!("forwarding to the leader failed: {s}");
+    if s.code() == tonic::Code::Unavailable {
+        Status::unavailable("etcdserver: leader changed")
+    } else {
+        s.clone()
+    }
+}
+
+type KeepAliveOut = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    async fn lease_grant(
+        &self,
+        req: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let mut r = req.into_inner();
+        if r.ttl > mvcc::lease::MAX_LEASE_TTL {
+            return Err(error::mvcc(&mvcc::Error::LeaseTtlTooLarge));
+        }
+        if r.id == 0 {
+            r.id = new_lease_id();
+        }
+        self.core.check_quota(32).await?;
+        match self.core.propose(Op::LeaseGrant(r)).await? {
+            Applied::LeaseGrant(mut resp) => {
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(Status::internal(format!(
+                "unexpected apply result {other:?}"
+            ))),
+        }
+    }
+
+    async fn lease_revoke(
+        &self,
+        req: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        match self.core.propose(Op::LeaseRevoke(req.into_inner())).await? {
+            Applied::LeaseRevoke(mut resp) => {
+                self.core.fill(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            other => Err(Status::internal(format!(
+                "unexpected apply result {other:?}"
+            ))),
+        }
+    }
+
+    type LeaseKeepAliveStream = KeepAliveOut;
+
+    async fn lease_keep_alive(
+        &self,
+        req: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let mut input = req.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let mut fwd = None;
+            while let Some(Ok(r)) = input.next().await {
+                let out = svc.renew(r.id, &mut fwd).await.map(|ttl| {
+                    let rev = svc.core.backend.store().rev();
+                    LeaseKeepAliveResponse {
+                        header: Some(svc.core.header(rev)),
+                        id: r.id,
+                        ttl,
+                    }
+                });
+                let failed = out.is_err();
+                if tx.send(out).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(
+            Box::pin(ReceiverStream::new(rx)) as KeepAliveOut
+        ))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        req: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let r = req.into_inner();
+        if !self.core.is_leader() {
+            let mut client = LeaseClient::new(self.core.leader_channel()?);
+            let mut resp = client
+                .lease_time_to_live(r)
+                .await
+                .map_err(|s| forward_failed(&s))?
+                .into_inner();
+            self.core.fill(&mut resp.header);
+            return Ok(Response::new(resp));
+        }
+        let mut resp = self
+            .core
+            .backend
+            .store()
+            .lease_time_to_live(r.id, r.keys, Instant::now());
+        self.core.fill(&mut resp.header);
+        Ok(Response::new(resp))
+    }
+
+    async fn lease_leases(
+        &self,
+        _req: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.core.linearize().await?;
+        let mut resp = self.core.backend.store().leases();
+        self.core.fill(&mut resp.header);
+        Ok(Response::new(resp))
+    }
+}

@@ -1,0 +1,277 @@
+//! `etcdserverpb.Maintenance`: status, alarms, hashes, snapshots and leadership moves.
+
+use std::io::Read;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::etcdserverpb::alarm_request::AlarmAction;
+use api::etcdserverpb::maintenance_server::Maintenance;
+use api::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest, DefragmentResponse,
+    DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::error;
+use crate::request::{Op, Response as Applied};
+use crate::server::{Core, ETCD_API_VERSION, STORAGE_VERSION};
+
+/// Bytes per Snapshot response (etcd sends 32 KiB chunks).
+const SNAPSHOT_CHUNK: usize = 32 << 10;
+
+/// The Maintenance service.
+#[derive(Debug, Clone)]
+pub struct MaintenanceService {
+    core: Arc<Core>,
+}
+
+impl MaintenanceService {
+    pub fn new(core: Arc<Core>) -> Self {
+        MaintenanceService { core }
+    }
+}
+
+fn alarm_name(a: i32) -> &'static str {
+    match AlarmType::try_from(a) {
+        Ok(AlarmType::Nospace) => "NOSPACE",
+        Ok(AlarmType::Corrupt) => "CORRUPT",
+        _ => "NONE",
+    }
+}
+
+type SnapshotOut = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let r = req.into_inner();
+        match AlarmAction::try_from(r.action) {
+            Ok(AlarmAction::Get) => {
+                let alarms = self
+                    .core
+                    .alarms
+                    .lock()
+                    .iter()
+                    .filter(|&&(m, a)| {
+                        (r.member_id == 0 || m == r.member_id) && (r.alarm == 0 || a == r.alarm)
+                    })
+                    .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+                    .collect();
+                let rev = self.core.backend.store().rev();
+                Ok(Response::new(AlarmResponse {
+                    header: Some(self.core.header(rev)),
+                    alarms,
+                }))
+            }
+            Ok(AlarmAction::Activate | AlarmAction::Deactivate) => {
+                match self.core.propose(Op::Alarm(r)).await? {
+                    Applied::Alarm(mut resp) => {
+                        self.core.fill(&mut resp.header);
+                        Ok(Response::new(resp))
+                    }
+                    other => Err(Status::internal(format!(
+                        "unexpected apply result {other:?}"
+                    ))),
+                }
+            }
+            Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),
+        }
+    }
+
+    async fn status(
+        &self,
+        _req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let st = self.core.node.status();
+        let store = self.core.backend.store();
+        let db_size = std::fs::metadata(store.path()).map_or(0, |m| m.len()) as i64;
+        let errors = self
+            .core
+            .alarms
+            .lock()
+            .iter()
+            .map(|&(m, a)| format!("memberID:{m} alarm:{} ", alarm_name(a)))
+            .collect();
+        let is_learner = st.members.get(st.id).is_some_and(|m| m.is_learner);
+        Ok(Response::new(StatusResponse {
+            header: Some(self.core.header(store.rev())),
+            version: ETCD_API_VERSION.into(),
+            db_size,
+            leader: st.leader.unwrap_or(0),
+            raft_index: st.commit,
+            raft_term: st.term,
+            raft_applied_index: st.applied,
+            errors,
+            db_size_in_use: db_size,
+            is_learner,
+            storage_version: STORAGE_VERSION.into(),
+            db_size_quota: self.core.cfg.quota_backend_bytes as i64,
+            downgrade_info: None,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _req: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        Err(Status::unimplemented(
+            "kvd: defragment is not implemented yet",
+        ))
+    }
+
+    async fn hash(&self, _req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let backend = self.core.backend.clone();
+        let hash = tokio::task::spawn_blocking(move || -> std::io::Result<u32> {
+            let mut dump = backend.dump()?;
+            let mut buf = vec![0; 1 << 16];
+            let mut h = 0;
+            loop {
+                let n = dump.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(h);
+                }
+                h = crc32c::crc32c_append(h, &buf[..n]);
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::internal(format!("hash: {e}")))?;
+        let rev = self.core.backend.store().rev();
+        Ok(Response::new(HashResponse {
+            header: Some(self.core.header(rev)),
+            hash,
+        }))
+    }
+
+    async fn hash_kv(
+        &self,
+        req: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        let rev = req.into_inner().revision;
+        let store = self.core.backend.store();
+        let h = tokio::task::spawn_blocking(move || store.hash_kv(rev))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| error::mvcc(&e))?;
+        Ok(Response::new(HashKvResponse {
+            header: Some(self.core.header(h.current)),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+            hash_revision: h.hash_revision,
+        }))
+    }
+
+    type SnapshotStream = SnapshotOut;
+
+    async fn snapshot(
+        &self,
+        _req: Request<SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        let backend = self.core.backend.clone();
+        let header = self.core.header(backend.store().rev());
+        let (tx, rx) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut dump = match backend.dump() {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(Status::internal(format!("snapshot: {e}"))));
+                    return;
+                }
+            };
+            let mut sent = 0u64;
+            let mut first = true;
+            loop {
+                let mut blob = vec![0; SNAPSHOT_CHUNK];
+                let mut n = 0;
+                while n < blob.len() {
+                    match dump.read(&mut blob[n..]) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) => {
+                            let _ =
+                                tx.blocking_send(Err(Status::internal(format!("snapshot: {e}"))));
+                            return;
+                        }
+                    }
+                }
+                blob.truncate(n);
+                sent += n as u64;
+                let last = n < SNAPSHOT_CHUNK;
+                let resp = SnapshotResponse {
+                    header: Some(header),
+                    // The dump's size is known only at its end: an estimate until then.
+                    remaining_bytes: if last {
+                        0
+                    } else {
+                        dump.size_hint.saturating_sub(sent).max(1)
+                    },
+                    blob,
+                    version: if first {
+                        ETCD_API_VERSION.into()
+                    } else {
+                        String::new()
+                    },
+                };
+                first = false;
+                if tx.blocking_send(Ok(resp)).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(
+            Box::pin(ReceiverStream::new(rx)) as SnapshotOut
+        ))
+    }
+
+    async fn move_leader(
+        &self,
+        req: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        let target = req.into_inner().target_id;
+        if !self.core.is_leader() {
+            return Err(error::not_leader());
+        }
+        let voter = self
+            .core
+            .node
+            .members()
+            .get(target)
+            .is_some_and(|m| !m.is_learner);
+        if !voter {
+            return Err(error::bad_leader_transferee());
+        }
+        if target != self.core.id {
+            self.core
+                .node
+                .transfer_leader(target)
+                .map_err(|e| error::consensus(&e))?;
+            // As etcd: wait (up to an election timeout's worth of retries) for the move.
+            let deadline = tokio::time::Instant::now() + self.core.cfg.election_timeout * 5;
+            while self.core.node.leader().0 != Some(target) {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(error::consensus(&consensus::Error::Timeout));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let rev = self.core.backend.store().rev();
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.core.header(rev)),
+        }))
+    }
+
+    async fn downgrade(
+        &self,
+        _req: Request<DowngradeRequest>,
+    ) -> Result<Response<DowngradeResponse>, Status> {
+        Err(Status::unimplemented(
+            "kvd: cluster downgrade is not supported",
+        ))
+    }
+}

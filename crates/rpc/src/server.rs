@@ -1,0 +1,300 @@
+//! The server core every service shares: the raft member, the store, the limits, and what runs
+//! beside the requests (lease expiry on the leader, publishing this member's attributes).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api::etcdserverpb::{LeaseRevokeRequest, ResponseHeader};
+use consensus::{Change, Member, RaftNode, Role};
+use tonic::Status;
+
+use crate::backend::Backend;
+use crate::error;
+use crate::request::{Applied, InternalRequest, Op, Response};
+use crate::state::Alarms;
+
+/// etcd's defaults for the limits a client can hit.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
+/// Apply may trail commit by this many entries before new requests are refused (etcd's
+/// maxGapBetweenApplyAndCommitIndex).
+const MAX_APPLY_GAP: u64 = 5000;
+/// How often the leader looks for expired leases (etcd: 500 ms).
+const EXPIRY_INTERVAL: Duration = Duration::from_millis(500);
+/// Expired leases revoked per round (etcd's leaseRevokeRate is 1000/s).
+const REVOKES_PER_ROUND: usize = 500;
+
+/// The version kvd reports where etcd reports its own: the etcd API level it implements.
+pub const ETCD_API_VERSION: &str = "3.6.0";
+/// The storage version etcd 3.6 reports in Status.
+pub const STORAGE_VERSION: &str = "3.6.0";
+
+/// What the services need to know beyond the raft member and the store.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `--name`.
+    pub name: String,
+    /// `--max-request-bytes`.
+    pub max_request_bytes: usize,
+    /// `--max-txn-ops`.
+    pub max_txn_ops: usize,
+    /// `--quota-backend-bytes` (0 = etcd's default, 2 GiB).
+    pub quota_backend_bytes: u64,
+    /// `--initial-cluster-token`: mixed into the ids of members added later.
+    pub cluster_token: String,
+    /// This member's client URLs as advertised (`--advertise-client-urls`).
+    pub client_urls: Vec<String>,
+    /// The election timeout, for lease timing.
+    pub election_timeout: Duration,
+    /// `--experimental-watch-progress-notify-interval`.
+    pub watch_progress_notify_interval: Duration,
+    /// `--auto-compaction-mode` and `--auto-compaction-retention`.
+    pub auto_compaction: crate::AutoCompaction,
+}
+
+impl ServerConfig {
+    pub fn new(name: impl Into<String>) -> Self {
+        ServerConfig {
+            name: name.into(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_txn_ops: mvcc::validate::DEFAULT_MAX_TXN_OPS,
+            quota_backend_bytes: DEFAULT_QUOTA_BACKEND_BYTES,
+            cluster_token: "etcd-cluster".into(),
+            client_urls: Vec::new(),
+            election_timeout: Duration::from_secs(1),
+            watch_progress_notify_interval: crate::watch::PROGRESS_NOTIFY_INTERVAL,
+            auto_compaction: crate::AutoCompaction::Off,
+        }
+    }
+}
+
+/// The server core.
+#[derive(Debug)]
+pub struct Core {
+    pub node: RaftNode<Applied>,
+    pub backend: Arc<Backend>,
+    pub alarms: Alarms,
+    pub cfg: ServerConfig,
+    pub id: u64,
+    pub cluster_id: u64,
+    /// A client connection to the leader, for requests only it serves: (leader, channel).
+    to_leader: parking_lot::Mutex<Option<(u64, tonic::transport::Channel)>>,
+}
+
+impl Core {
+    pub fn new(
+        node: RaftNode<Applied>,
+        backend: Arc<Backend>,
+        alarms: Alarms,
+        cfg: ServerConfig,
+        cluster_id: u64,
+    ) -> Arc<Core> {
+        Arc::new(Core {
+            id: node.id(),
+            node,
+            backend,
+            alarms,
+            cfg,
+            cluster_id,
+            to_leader: parking_lot::Mutex::new(None),
+        })
+    }
+
+    /// A response header at revision `rev`.
+    pub fn header(&self, rev: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.id,
+            revision: rev,
+            raft_term: self.node.term(),
+        }
+    }
+
+    /// Completes a header mvcc filled with its revision.
+    pub fn fill(&self, h: &mut Option<ResponseHeader>) {
+        let rev = h
+            .as_ref()
+            .map_or_else(|| self.backend.store().rev(), |h| h.revision);
+        *h = Some(self.header(rev));
+    }
+
+    /// Whether the NOSPACE alarm is raised anywhere in the cluster.
+    pub fn no_space(&self) -> bool {
+        let nospace = api::etcdserverpb::AlarmType::Nospace as i32;
+        self.alarms.lock().iter().any(|&(_, a)| a == nospace)
+    }
+
+    /// etcd's backend quota: a write that would take the data file past
+    /// `--quota-backend-bytes` raises the cluster-wide NOSPACE alarm and is refused, as is
+    /// every write while the alarm stands (reads, deletes and compaction still work).
+    pub async fn check_quota(&self, cost: usize) -> Result<(), Status> {
+        if self.no_space() {
+            return Err(error::no_space());
+        }
+        let size = std::fs::metadata(self.backend.store().path()).map_or(0, |m| m.len());
+        if size + cost as u64 <= self.cfg.quota_backend_bytes {
+            return Ok(());
+        }
+        tracing::warn!(
+            size,
+            quota = self.cfg.quota_backend_bytes,
+            "the data file is over its quota: raising the NOSPACE alarm"
+        );
+        let alarm = api::etcdserverpb::AlarmRequest {
+            action: api::etcdserverpb::alarm_request::AlarmAction::Activate as i32,
+            member_id: self.id,
+            alarm: api::etcdserverpb::AlarmType::Nospace as i32,
+        };
+        if let Err(e) = self.propose(Op::Alarm(alarm)).await {
+            tracing::warn!("raising the NOSPACE alarm failed: {}", e.message());
+        }
+        Err(error::no_space())
+    }
+
+    /// Proposes `op` and waits for its answer.
+    pub async fn propose(&self, op: Op) -> Result<Response, Status> {
+        let data = InternalRequest::encode(op);
+        if data.len() > self.cfg.max_request_bytes {
+            return Err(error::request_too_large());
+        }
+        let (commit, applied) = self.node.progress();
+        if commit > applied + MAX_APPLY_GAP {
+            return Err(error::too_many_requests());
+        }
+        match self.node.propose(data).await {
+            Ok(applied) => applied,
+            Err(e) => Err(error::consensus(&e)),
+        }
+    }
+
+    /// Waits until a read here sees every write acknowledged before the call (ReadIndex).
+    pub async fn linearize(&self) -> Result<(), Status> {
+        self.node
+            .read_index()
+            .await
+            .map(|_| ())
+            .map_err(|e| error::consensus(&e))
+    }
+
+    /// The leader's id, or etcd's "no leader".
+    pub fn leader(&self) -> Result<u64, Status> {
+        self.node
+            .leader()
+            .0
+            .ok_or_else(|| error::consensus(&consensus::Error::NoLeader))
+    }
+
+    /// etcd's learner rule: a learner serves only serializable reads and member/status
+    /// queries.
+    pub fn refuse_learner(&self) -> Result<(), Status> {
+        if self.node.is_learner() {
+            return Err(error::not_supported_for_learner());
+        }
+        Ok(())
+    }
+
+    /// Whether this member is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.node.leader().1 == Role::Leader
+    }
+
+    /// A client connection to the leader's first client URL (for requests only the leader
+    /// serves), reused while the leader stays.
+    pub fn leader_channel(&self) -> Result<tonic::transport::Channel, Status> {
+        let leader = self.leader()?;
+        let mut slot = self.to_leader.lock();
+        if let Some((id, ch)) = slot.as_ref() {
+            if *id == leader {
+                return Ok(ch.clone());
+            }
+        }
+        let url = self
+            .node
+            .members()
+            .get(leader)
+            .and_then(|m| m.client_urls.first().cloned())
+            .ok_or_else(|| error::consensus(&consensus::Error::NoLeader))?;
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .map_err(|e| Status::unavailable(format!("leader client URL {url}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        *slot = Some((leader, ch.clone()));
+        Ok(ch)
+    }
+}
+
+/// Runs beside the services until the core is dropped: leases on the leader (expiry clocks
+/// start when this member becomes leader, and expired leases are revoked through consensus),
+/// and this member's name and client URLs published into the member list.
+pub async fn background(core: std::sync::Weak<Core>) {
+    if let Some(c) = core.upgrade() {
+        tokio::spawn(crate::compactor::run(core.clone(), c.cfg.auto_compaction));
+    }
+    let mut leading = false;
+    let mut published = false;
+    let mut tick = tokio::time::interval(EXPIRY_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        let store = core.backend.store();
+        let now_leading = core.is_leader();
+        if now_leading != leading {
+            leading = now_leading;
+            if leading {
+                // As etcd: the new leader extends every lease by an election timeout, so
+                // clients have time to find it and renew.
+                store.lease_promote(Instant::now(), core.cfg.election_timeout);
+            } else {
+                store.lease_demote();
+            }
+        }
+        if leading {
+            for id in store.expired_leases(Instant::now(), REVOKES_PER_ROUND) {
+                let c = core.clone();
+                tokio::spawn(async move {
+                    let r = c.propose(Op::LeaseRevoke(LeaseRevokeRequest { id })).await;
+                    match r {
+                        Ok(_) => {
+                            tracing::debug!(lease = %format!("{id:x}"), "expired lease revoked")
+                        }
+                        Err(e) if e.code() == tonic::Code::NotFound => {}
+                        Err(e) => {
+                            tracing::warn!(lease = %format!("{id:x}"), "revoking an expired lease failed: {}", e.message())
+                        }
+                    }
+                });
+            }
+        }
+        if !published {
+            published = publish(&core).await;
+        }
+    }
+}
+
+/// Publishes this member's name and client URLs (etcd does so once started); true once done.
+async fn publish(core: &Core) -> bool {
+    let Some(me) = core.node.members().get(core.id).cloned() else {
+        return false;
+    };
+    if me.name == core.cfg.name && me.client_urls == core.cfg.client_urls {
+        return true;
+    }
+    let update = Member {
+        name: core.cfg.name.clone(),
+        client_urls: core.cfg.client_urls.clone(),
+        ..me
+    };
+    match core.node.change_membership(Change::Update(update)).await {
+        Ok(_) => {
+            tracing::info!(name = %core.cfg.name, urls = ?core.cfg.client_urls, "published this member's attributes");
+            true
+        }
+        Err(e) => {
+            tracing::debug!("publishing this member's attributes: {e}; retrying");
+            false
+        }
+    }
+}

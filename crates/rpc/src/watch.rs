@@ -1,0 +1,239 @@
+//! `etcdserverpb.Watch`: one mvcc watch stream per gRPC stream, with etcd's server-side
+//! behaviour (created/cancelled responses, compaction cancels, progress requests and periodic
+//! progress notifications, fragmenting of large responses).
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::etcdserverpb::watch_request::RequestUnion;
+use api::etcdserverpb::watch_server::Watch;
+use api::etcdserverpb::{WatchRequest, WatchResponse};
+use mvcc::WatchStream;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::server::Core;
+
+/// Responses buffered toward one client before the stream waits for it.
+const OUT_BUFFER: usize = 128;
+/// etcd's `--experimental-watch-progress-notify-interval` default.
+pub const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
+/// How soon a progress request not yet answerable (a watcher still catching up) is retried.
+const PROGRESS_RETRY: Duration = Duration::from_millis(100);
+
+/// The Watch service.
+#[derive(Debug, Clone)]
+pub struct WatchService {
+    core: Arc<Core>,
+}
+
+impl WatchService {
+    pub fn new(core: Arc<Core>) -> Self {
+        WatchService { core }
+    }
+}
+
+/// Per-stream options of the watchers, by watch id.
+#[derive(Debug, Default)]
+struct Opts {
+    progress: HashSet<i64>,
+    fragment: HashSet<i64>,
+    /// A stream-wide progress request waiting for its watchers to catch up.
+    progress_pending: bool,
+}
+
+type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+
+struct StreamState {
+    core: Arc<Core>,
+    ws: WatchStream,
+    opts: Mutex<Opts>,
+}
+
+impl StreamState {
+    async fn send(&self, out: &Out, mut r: WatchResponse, rev: i64) -> bool {
+        r.header = Some(self.core.header(rev));
+        out.send(Ok(r)).await.is_ok()
+    }
+
+    /// Handles one client request; false when the client is gone.
+    async fn handle(&self, req: WatchRequest, out: &Out) -> bool {
+        let rev = self.ws.rev();
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => {
+                let r = self.ws.watch(&c);
+                let mut resp = WatchResponse {
+                    created: true,
+                    ..Default::default()
+                };
+                match r {
+                    Ok(id) => {
+                        let mut o = self.opts.lock();
+                        if c.progress_notify {
+                            o.progress.insert(id);
+                        }
+                        if c.fragment {
+                            o.fragment.insert(id);
+                        }
+                        resp.watch_id = id;
+                    }
+                    Err(e) => {
+                        resp.watch_id = -1;
+                        resp.canceled = true;
+                        resp.cancel_reason = e.to_string();
+                    }
+                }
+                self.send(out, resp, rev).await
+            }
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.ws.cancel(c.watch_id).is_err() {
+                    return true;
+                }
+                {
+                    let mut o = self.opts.lock();
+                    o.progress.remove(&c.watch_id);
+                    o.fragment.remove(&c.watch_id);
+                }
+                let resp = WatchResponse {
+                    watch_id: c.watch_id,
+                    canceled: true,
+                    ..Default::default()
+                };
+                self.send(out, resp, rev).await
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                if !self.ws.request_progress_all() {
+                    self.opts.lock().progress_pending = true;
+                }
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Sends one mvcc response, fragmented when the watcher asked and it is large.
+    async fn forward(&self, r: mvcc::WatchResponse, out: &Out) -> bool {
+        let resp = WatchResponse {
+            watch_id: r.watch_id,
+            compact_revision: r.compact_revision,
+            canceled: r.compact_revision != 0,
+            events: r.events,
+            ..Default::default()
+        };
+        if resp.canceled {
+            let mut o = self.opts.lock();
+            o.progress.remove(&r.watch_id);
+            o.fragment.remove(&r.watch_id);
+        }
+        let limit = self.core.cfg.max_request_bytes;
+        let fragment = self.opts.lock().fragment.contains(&r.watch_id);
+        if !fragment || prost::Message::encoded_len(&resp) <= limit || resp.events.len() < 2 {
+            return self.send(out, resp, r.revision).await;
+        }
+        // etcd's fragmenting: as many events as fit the limit per response (at least one),
+        // every response but the last marked `fragment`.
+        let mut events = resp.events.into_iter().peekable();
+        while events.peek().is_some() {
+            let mut part = WatchResponse {
+                watch_id: r.watch_id,
+                ..Default::default()
+            };
+            let mut size = 0;
+            while let Some(ev) = events.peek() {
+                let n = prost::Message::encoded_len(ev);
+                if !part.events.is_empty() && size + n > limit {
+                    break;
+                }
+                size += n;
+                part.events.extend(events.next());
+            }
+            part.fragment = events.peek().is_some();
+            if !self.send(out, part, r.revision).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Periodic and deferred progress notifications.
+    fn progress_tick(&self, periodic: bool) {
+        let mut o = self.opts.lock();
+        if o.progress_pending && self.ws.request_progress_all() {
+            o.progress_pending = false;
+        }
+        if periodic {
+            for &id in &o.progress {
+                self.ws.request_progress(id);
+            }
+        }
+    }
+}
+
+type WatchOut = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    type WatchStream = WatchOut;
+
+    async fn watch(
+        &self,
+        req: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let mut input = req.into_inner();
+        let (tx, rx) = mpsc::channel(OUT_BUFFER);
+        let store = self.core.backend.store();
+        let mut generation = self.core.backend.generation();
+        generation.mark_unchanged();
+        let st = Arc::new(StreamState {
+            core: self.core.clone(),
+            ws: store.watch_stream(),
+            opts: Mutex::new(Opts::default()),
+        });
+        let interval = self.core.cfg.watch_progress_notify_interval;
+        tokio::spawn(async move {
+            let mut periodic = tokio::time::interval(interval);
+            periodic.tick().await;
+            let mut retry = tokio::time::interval(PROGRESS_RETRY);
+            loop {
+                tokio::select! {
+                    r = input.next() => match r {
+                        Some(Ok(req)) => {
+                            if !st.handle(req, &tx).await {
+                                return;
+                            }
+                        }
+                        // The client closed its side or the connection failed.
+                        Some(Err(_)) | None => return,
+                    },
+                    r = st.ws.recv() => match r {
+                        Some(r) => {
+                            if !st.forward(r, &tx).await {
+                                return;
+                            }
+                        }
+                        None => {
+                            let _ = tx.send(Err(Status::unavailable("etcdserver: server stopped"))).await;
+                            return;
+                        }
+                    },
+                    _ = periodic.tick() => st.progress_tick(true),
+                    _ = retry.tick() => st.progress_tick(false),
+                    _ = generation.changed() => {
+                        // The store was replaced by a snapshot from the leader: the client
+                        // watches again from its last revision, on the new store.
+                        let _ = tx.send(Err(Status::unavailable(
+                            "etcdserver: the member restored a snapshot; watch again",
+                        ))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as WatchOut))
+    }
+}

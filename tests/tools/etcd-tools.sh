@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds etcd v3.6's etcdctl and etcd server from the Go module proxy, once, into a cache, and
+# prints the directory holding them. kvd's compatibility tests run etcdctl against kvd and the
+# same commands against etcd, and compare what they print.
+#   KVD_ETCD_VERSION  (default v3.6.5)
+#   KVD_TOOLS_DIR     (default ~/.cache/kvd-tools)
+# Needs: go (and the module proxy). About a minute the first time, nothing after.
+set -euo pipefail
+ver=${KVD_ETCD_VERSION:-v3.6.5}
+dir=${KVD_TOOLS_DIR:-$HOME/.cache/kvd-tools}/$ver
+bin=$dir/bin
+mkdir -p "$bin"
+export GOFLAGS=-mod=mod
+
+# tool <binary> <module> <package with main>
+tool() {
+  local name=$1 module=$2 pkg=$3
+  [ -x "$bin/$name" ] && return 0
+  local src=$dir/src/$name
+  mkdir -p "$src"
+  (
+    cd "$src"
+    [ -f go.mod ] || go mod init "kvd-tools/$name" >/dev/null 2>&1
+    go get "$module@$ver" >/dev/null 2>&1
+    go build -o "$bin/$name.tmp" "$pkg"
+    mv "$bin/$name.tmp" "$bin/$name"
+  ) >&2
+}
+
+tool etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
+tool etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+echo "$bin"
