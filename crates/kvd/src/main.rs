@@ -88,6 +88,18 @@ fn same_urls(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
+/// `--initial-cluster`, or by default this member alone at its advertised peer URLs.
+fn initial_cluster(flag: &str, name: &str, peer_urls: &[String]) -> String {
+    if !flag.is_empty() {
+        return flag.to_string();
+    }
+    peer_urls
+        .iter()
+        .map(|u| format!("{name}={u}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn plan(f: &ServeFlags) -> Result<Plan> {
     let data_dir = if f.data_dir.is_empty() {
         PathBuf::from(format!("{}.kvd", f.name))
@@ -107,15 +119,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
     let peer_urls = config::urls(&f.initial_advertise_peer_urls);
     let client_urls = config::urls(&f.advertise_client_urls);
     let token = &f.initial_cluster_token;
-    let initial = if f.initial_cluster.is_empty() {
-        peer_urls
-            .iter()
-            .map(|u| format!("{}={u}", f.name))
-            .collect::<Vec<_>>()
-            .join(",")
-    } else {
-        f.initial_cluster.clone()
-    };
+    let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
     let members = consensus::parse_initial_cluster(&initial, token)?;
     let wal_opts = consensus::wal::Options::default();
     let existing = consensus::existing_member(&member_dir, wal_opts).map_err(|e| e.to_string())?;
@@ -355,15 +359,7 @@ fn restore(f: &RestoreFlags) -> Result<()> {
     // afresh when the member first starts (with these same flags); the restored store's
     // applied index is reset to match.
     let peer_urls = config::urls(&f.initial_advertise_peer_urls);
-    let initial = if f.initial_cluster.is_empty() {
-        peer_urls
-            .iter()
-            .map(|u| format!("{}={u}", f.name))
-            .collect::<Vec<_>>()
-            .join(",")
-    } else {
-        f.initial_cluster.clone()
-    };
+    let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
     let members = consensus::parse_initial_cluster(&initial, &f.initial_cluster_token)?;
     if !members
         .iter()
@@ -374,6 +370,7 @@ fn restore(f: &RestoreFlags) -> Result<()> {
             f.name, f.initial_advertise_peer_urls
         ));
     }
+    rpc::check_snapshot_file(&f.file).map_err(|e| format!("restore: {e}"))?;
     let mut file = std::fs::File::open(&f.file)
         .map_err(|e| format!("snapshot file {}: {e}", f.file.display()))?;
     let snap_dir = data_dir.join("member").join("snap");

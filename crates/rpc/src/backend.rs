@@ -243,6 +243,41 @@ impl Frames<'_> {
     }
 }
 
+/// etcd's snapshot files end with padding to a multiple of 512 bytes and the SHA-256 of
+/// everything before it (etcdctl refuses a stream without it).
+pub const SNAPSHOT_ALIGN: u64 = 512;
+
+/// Checks the SHA-256 trailer of a snapshot file (as `etcdutl snapshot restore` does).
+pub fn check_snapshot_file(path: &Path) -> io::Result<()> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if len < 32 || len % SNAPSHOT_ALIGN != 32 {
+        return Err(invalid(format!(
+            "{}: no SHA-256 trailer ({len} bytes is not a multiple of {SNAPSHOT_ALIGN} plus 32)",
+            path.display()
+        )));
+    }
+    let mut h = Sha256::new();
+    let mut left = len - 32;
+    let mut buf = vec![0; 1 << 16];
+    while left > 0 {
+        let n = (buf.len() as u64).min(left) as usize;
+        f.read_exact(&mut buf[..n])?;
+        h.update(&buf[..n]);
+        left -= n as u64;
+    }
+    let mut want = [0u8; 32];
+    f.read_exact(&mut want)?;
+    if h.finalize().as_slice() != want {
+        return Err(invalid(format!(
+            "{}: snapshot data is corrupt: its SHA-256 does not match the one it ends with",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Builds a pager file at `dst` from a dump (replacing whatever is there), durably. Nothing is
 /// left at `dst` if the dump is bad.
 pub fn restore_file(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()> {

@@ -21,7 +21,7 @@ mod watch;
 
 use std::sync::Arc;
 
-pub use backend::{restore_file, Backend};
+pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
 pub use server::{background, Core, ServerConfig};

@@ -25,6 +25,57 @@ use crate::server::{Core, ETCD_API_VERSION, STORAGE_VERSION};
 /// Bytes per Snapshot response (etcd sends 32 KiB chunks).
 const SNAPSHOT_CHUNK: usize = 32 << 10;
 
+/// A dump as etcd's Snapshot stream carries it: padded to a multiple of 512 bytes, then the
+/// SHA-256 of all that.
+struct Trailed {
+    dump: crate::backend::Dump,
+    sha: sha2::Sha256,
+    sent: u64,
+    /// The padding and digest, once the dump is exhausted.
+    tail: Option<(Vec<u8>, usize)>,
+}
+
+impl Trailed {
+    fn new(dump: crate::backend::Dump) -> Self {
+        use sha2::Digest;
+        Trailed {
+            dump,
+            sha: sha2::Sha256::new(),
+            sent: 0,
+            tail: None,
+        }
+    }
+
+    fn remaining_hint(&self) -> u64 {
+        self.dump.size_hint.saturating_sub(self.sent).max(1)
+    }
+}
+
+impl Read for Trailed {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        if self.tail.is_none() {
+            let n = self.dump.read(out)?;
+            if n > 0 {
+                self.sha.update(&out[..n]);
+                self.sent += n as u64;
+                return Ok(n);
+            }
+            let align = crate::backend::SNAPSHOT_ALIGN;
+            let pad = vec![0u8; ((align - self.sent % align) % align) as usize];
+            self.sha.update(&pad);
+            let mut tail = pad;
+            tail.extend_from_slice(&std::mem::take(&mut self.sha).finalize());
+            self.tail = Some((tail, 0));
+        }
+        let (tail, pos) = self.tail.as_mut().expect("set above");
+        let n = out.len().min(tail.len() - *pos);
+        out[..n].copy_from_slice(&tail[*pos..*pos + n]);
+        *pos += n;
+        Ok(n)
+    }
+}
+
 /// The Maintenance service.
 #[derive(Debug, Clone)]
 pub struct MaintenanceService {
@@ -177,40 +228,34 @@ impl Maintenance for MaintenanceService {
         let header = self.core.header(backend.store().rev());
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
-            let mut dump = match backend.dump() {
-                Ok(d) => d,
+            let fail = |e: std::io::Error| Err(Status::internal(format!("snapshot: {e}")));
+            let mut stream = match backend.dump() {
+                Ok(d) => Trailed::new(d),
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(Status::internal(format!("snapshot: {e}"))));
+                    let _ = tx.blocking_send(fail(e));
                     return;
                 }
             };
-            let mut sent = 0u64;
             let mut first = true;
             loop {
                 let mut blob = vec![0; SNAPSHOT_CHUNK];
                 let mut n = 0;
                 while n < blob.len() {
-                    match dump.read(&mut blob[n..]) {
+                    match stream.read(&mut blob[n..]) {
                         Ok(0) => break,
                         Ok(k) => n += k,
                         Err(e) => {
-                            let _ =
-                                tx.blocking_send(Err(Status::internal(format!("snapshot: {e}"))));
+                            let _ = tx.blocking_send(fail(e));
                             return;
                         }
                     }
                 }
                 blob.truncate(n);
-                sent += n as u64;
                 let last = n < SNAPSHOT_CHUNK;
                 let resp = SnapshotResponse {
                     header: Some(header),
                     // The dump's size is known only at its end: an estimate until then.
-                    remaining_bytes: if last {
-                        0
-                    } else {
-                        dump.size_hint.saturating_sub(sent).max(1)
-                    },
+                    remaining_bytes: if last { 0 } else { stream.remaining_hint() },
                     blob,
                     version: if first {
                         ETCD_API_VERSION.into()

@@ -124,6 +124,14 @@ impl Proc {
         Proc::start(Path::new(kvd_bin()), m, dir, all, state, extra)
     }
 
+    /// A one-member kvd cluster named `default` in `dir/kvd`, ready.
+    pub fn single_kvd(dir: &Path) -> (Addrs, Proc) {
+        let m = Addrs::new("default");
+        let mut p = Proc::kvd(&m, &dir.join("kvd"), std::slice::from_ref(&m), "new", &[]);
+        p.wait_ready();
+        (m, p)
+    }
+
     pub fn etcd(m: &Addrs, dir: &Path, all: &[Addrs], extra: &[&str]) -> Proc {
         Proc::start(&tools().join("etcd"), m, dir, all, "new", extra)
     }
@@ -230,5 +238,28 @@ pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// gRPC clients of one member, from kvd's own generated code.
+pub mod grpc {
+    use api::etcdserverpb::kv_client::KvClient;
+    use api::etcdserverpb::maintenance_client::MaintenanceClient;
+    use tonic::transport::{Channel, Endpoint};
+
+    pub fn channel(client_url: &str) -> Channel {
+        Endpoint::from_shared(client_url.to_string())
+            .unwrap()
+            .connect_timeout(std::time::Duration::from_secs(1))
+            .timeout(std::time::Duration::from_secs(10))
+            .connect_lazy()
+    }
+
+    pub fn kv(client_url: &str) -> KvClient<Channel> {
+        KvClient::new(channel(client_url))
+    }
+
+    pub fn maintenance(client_url: &str) -> MaintenanceClient<Channel> {
+        MaintenanceClient::new(channel(client_url))
     }
 }
