@@ -159,7 +159,7 @@ fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) -> Result<(
             };
             wal.save(Some(&hs), &[], true)?;
         }
-        Start::Join => {}
+        Start::Join(_) => {}
     }
     drop(wal);
     let dst = cfg.dir.join("wal");
@@ -254,7 +254,13 @@ impl<O: Send + 'static> Driver<O> {
         };
         let mut transport: Box<dyn Transport> = Box::new(transport);
         transport.start(reporter.clone());
-        transport.update_members(&meta.members);
+        match &start {
+            // Joining: nothing on disk names the peers yet.
+            Start::Join(known) if meta.members.is_empty() => {
+                transport.update_members(&Members::new(known.iter().cloned()))
+            }
+            _ => transport.update_members(&meta.members),
+        }
         {
             let mut st = shared.status.lock();
             st.members = meta.members.clone();

@@ -33,6 +33,29 @@ use crate::member::Members;
 use crate::node::Inbox;
 use crate::transport::{Reporter, SnapshotDone, Transport};
 
+/// Asks the member at `peer_url` for the cluster's id and members (what a joining member
+/// needs to learn its own id).
+pub async fn fetch_members(peer_url: &str) -> Result<(u64, Members), String> {
+    let ep = tonic::transport::Endpoint::from_shared(peer_url.to_string())
+        .map_err(|e| format!("{peer_url}: {e}"))?
+        .connect_timeout(OPEN_TIMEOUT)
+        .timeout(OPEN_TIMEOUT);
+    let ch = ep.connect().await.map_err(|e| format!("{peer_url}: {e}"))?;
+    let reply = PeerClient::new(ch)
+        .members(MembersRequest {})
+        .await
+        .map_err(|e| format!("{peer_url}: {}", e.message()))?
+        .into_inner();
+    let members = Members::new(reply.members.into_iter().map(|m| crate::member::Member {
+        id: m.id,
+        name: m.name,
+        peer_urls: m.peer_urls,
+        client_urls: m.client_urls,
+        is_learner: m.is_learner,
+    }));
+    Ok((reply.cluster_id, members))
+}
+
 /// The generated protocol code.
 #[allow(missing_debug_implementations, clippy::all)]
 pub mod pb {
@@ -41,7 +64,7 @@ pub mod pb {
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::{Peer, PeerServer};
-use pb::{Batch, Hello, SnapshotChunk};
+use pb::{Batch, Hello, MembersReply, MembersRequest, PeerMember, SnapshotChunk};
 
 const META_CLUSTER: &str = "kvd-cluster-id";
 const META_FROM: &str = "kvd-member-id";
@@ -76,11 +99,24 @@ fn meta_id(md: &MetadataMap, key: &str) -> Result<u64, Status> {
 }
 
 /// The receiving side: raft messages from peers into the local node.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PeerService {
     cluster_id: u64,
     id: u64,
     inbox: Inbox,
+    members: Option<MembersFn>,
+}
+
+/// Where [`PeerService`] reads the member list it tells joining members.
+pub type MembersFn = Arc<dyn Fn() -> Members + Send + Sync>;
+
+impl std::fmt::Debug for PeerService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerService")
+            .field("cluster_id", &self.cluster_id)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PeerService {
@@ -89,7 +125,14 @@ impl PeerService {
             cluster_id,
             id,
             inbox,
+            members: None,
         }
+    }
+
+    /// Answers `Members` (for joining members) from `members`.
+    pub fn with_members(mut self, members: MembersFn) -> Self {
+        self.members = Some(members);
+        self
     }
 
     /// The tonic service, to add to a server on the peer listener.
@@ -189,6 +232,31 @@ impl Peer for PeerService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn members(
+        &self,
+        _req: Request<MembersRequest>,
+    ) -> Result<Response<MembersReply>, Status> {
+        let Some(f) = &self.members else {
+            return Err(Status::unimplemented(
+                "this member does not publish its member list",
+            ));
+        };
+        let members = f()
+            .iter()
+            .map(|m| PeerMember {
+                id: m.id,
+                name: m.name.clone(),
+                peer_urls: m.peer_urls.clone(),
+                client_urls: m.client_urls.clone(),
+                is_learner: m.is_learner,
+            })
+            .collect();
+        Ok(Response::new(MembersReply {
+            cluster_id: self.cluster_id,
+            members,
+        }))
     }
 
     async fn snapshot(

@@ -160,8 +160,10 @@ impl Config {
 pub enum Start {
     /// Bootstrap a new cluster of these members (`--initial-cluster-state new`).
     NewCluster(Vec<Member>),
-    /// Join a cluster that already lists this member (`--initial-cluster-state existing`).
-    Join,
+    /// Join a cluster that already lists this member (`--initial-cluster-state existing`),
+    /// whose members (as some member reported them) are these: the transport reaches them
+    /// until the leader's snapshot brings the list. A restart ignores them.
+    Join(Vec<Member>),
 }
 
 /// One membership change (applied through raft's ConfChangeV2).

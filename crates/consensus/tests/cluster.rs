@@ -134,7 +134,7 @@ fn membership_changes_under_load() {
     // Add a learner: it joins empty and catches up (by snapshot).
     let members = c.change(l, Change::AddLearner(member(4))).unwrap();
     assert!(members.get(4).unwrap().is_learner);
-    c.start(4, Start::Join);
+    c.start(4, Start::Join(Vec::new()));
     c.propose_many(l, "p1", 100);
     c.converge();
     // Promote it, under load.
@@ -293,7 +293,7 @@ fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
     let sm = harness::TestSm::open(&c.member_dir(1), false);
     let cfg = Config::new(7, harness::CLUSTER_ID, c.member_dir(1));
     let t = NullTransport;
-    let err = consensus::RaftNode::start(cfg, Start::Join, sm, t).unwrap_err();
+    let err = consensus::RaftNode::start(cfg, Start::Join(Vec::new()), sm, t).unwrap_err();
     assert!(err.to_string().contains("belongs to member 1"), "{err}");
 }
 

@@ -88,6 +88,39 @@ fn same_urls(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
+/// For a member joining a running cluster: asks the other members in `--initial-cluster` for
+/// the cluster's member list and finds this member (added beforehand with `member add`) in it
+/// by its peer URLs. Returns (cluster id, member id, the members).
+fn find_self(initial: &[Member], peer_urls: &[String]) -> Result<(u64, u64, consensus::Members)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut errors = Vec::new();
+    let others = initial
+        .iter()
+        .filter(|m| !same_urls(&m.peer_urls, peer_urls))
+        .flat_map(|m| m.peer_urls.iter());
+    for url in others {
+        match rt.block_on(consensus::grpc::fetch_members(url)) {
+            Ok((cluster_id, members)) => {
+                return match members.iter().find(|m| same_urls(&m.peer_urls, peer_urls)) {
+                    Some(me) => Ok((cluster_id, me.id, members.clone())),
+                    None => Err(format!(
+                        "no member of cluster {cluster_id:x} has peer URLs {}: add this member first (etcdctl member add)",
+                        peer_urls.join(",")
+                    )),
+                };
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    Err(format!(
+        "--initial-cluster-state existing: cannot reach any other member to join ({})",
+        errors.join("; ")
+    ))
+}
+
 /// `--initial-cluster`, or by default this member alone at its advertised peer URLs.
 fn initial_cluster(flag: &str, name: &str, peer_urls: &[String]) -> String {
     if !flag.is_empty() {
@@ -126,7 +159,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
     let (id, cluster_id, start) = match existing {
         Some((cluster_id, id)) => {
             tracing::info!(dir = %member_dir.display(), member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "restarting from the data directory");
-            (id, cluster_id, Start::Join)
+            (id, cluster_id, Start::Join(Vec::new()))
         }
         None => match f.initial_cluster_state.as_str() {
             "new" => {
@@ -146,22 +179,20 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
                 }
                 let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
                 let cluster_id = consensus::cluster_id(&ids, token);
-                let members: Vec<Member> = members
-                    .into_iter()
-                    .map(|mut m| {
-                        if m.id == me.id {
-                            m.client_urls = client_urls.clone();
-                        }
-                        m
-                    })
-                    .collect();
+                // Every member bootstraps the same list; each publishes its name and client
+                // URLs through raft once started, as etcd's do.
                 let id = me.id;
                 (id, cluster_id, Start::NewCluster(members))
             }
-            "existing" => return Err(
-                "--initial-cluster-state existing: joining a running cluster is not supported yet"
-                    .into(),
-            ),
+            "existing" => {
+                let (cluster_id, id, running) = find_self(&members, &peer_urls)?;
+                tracing::info!(member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "joining the running cluster");
+                (
+                    id,
+                    cluster_id,
+                    Start::Join(running.iter().cloned().collect()),
+                )
+            }
             other => {
                 return Err(format!(
                     "--initial-cluster-state {other:?}: want new or existing"
@@ -287,7 +318,12 @@ fn serve(f: ServeFlags) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();
     for l in peer_ls {
-        let svc = PeerService::new(p.cluster_id, p.id, inbox.clone()).into_server();
+        let weak = Arc::downgrade(&core);
+        let members: consensus::grpc::MembersFn =
+            Arc::new(move || weak.upgrade().map(|c| c.node.members()).unwrap_or_default());
+        let svc = PeerService::new(p.cluster_id, p.id, inbox.clone())
+            .with_members(members)
+            .into_server();
         let routes = tonic::service::Routes::new(svc);
         servers.push(spawn_server(&rt, l, routes, "peer", stop_rx.clone()));
     }
@@ -300,9 +336,18 @@ fn serve(f: ServeFlags) -> Result<()> {
     let why = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => Ok::<_, String>("SIGINT"),
-            _ = term.recv() => Ok("SIGTERM"),
+        let mut check = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return Ok::<_, String>("SIGINT"),
+                _ = term.recv() => return Ok("SIGTERM"),
+                _ = check.tick() => {
+                    // As etcd: a member removed from the cluster stops.
+                    if core.node.status().removed {
+                        return Ok("removal from the cluster");
+                    }
+                }
+            }
         }
     })?;
     tracing::info!("received {why}: shutting down");

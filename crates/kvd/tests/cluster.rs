@@ -204,3 +204,68 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
         acked.len()
     );
 }
+
+#[test]
+fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ms: Vec<Addrs> = ["a", "b", "c"].iter().map(|n| Addrs::new(n)).collect();
+    let mut procs: Vec<Proc> = ms.iter().map(|m| start(m, dir.path(), &ms)).collect();
+    for p in &mut procs {
+        p.wait_ready();
+    }
+    let ep = ms[0].endpoint();
+    for i in 0..50 {
+        common::ctl_ok(&ep, &["put", &format!("j{i:02}"), "v"]);
+    }
+    let d = Addrs::new("d");
+    let added = common::ctl_ok(
+        &ep,
+        &["member", "add", "d", "--learner", "--peer-urls", &d.peer],
+    );
+    assert!(added.contains("added as learner to cluster"), "{added}");
+    assert!(
+        added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
+        "{added}"
+    );
+    let id = added.split_whitespace().nth(1).unwrap().to_string();
+    ms.push(d.clone());
+    let mut pd = Proc::kvd(&d, &dir.path().join("d"), &ms, "existing", FAST);
+    // The learner catches up: a serializable read there sees the keys.
+    pd.wait_for("the learner to catch up", 30, || {
+        let out = common::ctl(
+            &d.endpoint(),
+            &["get", "j49", "--consistency=s", "--print-value-only"],
+        );
+        out.stdout == b"v\n"
+    });
+    // A learner refuses linearizable requests, as etcd's.
+    let refused = common::ctl(&d.endpoint(), &["put", "x", "y"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("rpc not supported for learner"));
+    let list = common::ctl_ok(&ep, &["member", "list"]);
+    assert!(
+        list.contains(&format!("{id}, started, d, {}, {}, true", d.peer, d.client)),
+        "{list}"
+    );
+
+    let promoted = common::ctl_ok(&ep, &["member", "promote", &id]);
+    assert!(promoted.contains("promoted"), "{promoted}");
+    pd.wait_ready();
+    common::ctl_ok(&d.endpoint(), &["put", "from-d", "ok"]);
+    assert_eq!(
+        common::ctl_ok(&ep, &["get", "from-d", "--print-value-only"]),
+        "ok\n"
+    );
+
+    let removed = common::ctl_ok(&ep, &["member", "remove", &id]);
+    assert!(removed.contains("removed from cluster"), "{removed}");
+    let list = common::ctl_ok(&ep, &["member", "list"]);
+    assert!(!list.contains(&id) && list.lines().count() == 3, "{list}");
+    // The removed member stops by itself.
+    common::wait_for("the removed member to exit", 30, || {
+        pd.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_some())
+    });
+    // The cluster goes on without it.
+    common::ctl_ok(&ep, &["put", "after", "removal"]);
+}

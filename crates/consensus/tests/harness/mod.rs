@@ -449,7 +449,7 @@ impl Cluster {
     }
 
     pub fn restart(&mut self, id: u64) {
-        self.start(id, Start::Join);
+        self.start(id, Start::Join(Vec::new()));
     }
 
     /// Stops member `id` (as a crash: what it had not synced is gone when it restarts).

@@ -170,6 +170,20 @@ impl Proc {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// Polls `f` until it holds; on timeout, fails with this process's log.
+    pub fn wait_for(&self, what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; {}'s log:\n{}",
+                self.addrs.name,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the member answers a linearizable read (it has a leader).
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
