@@ -328,7 +328,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         servers.push(spawn_server(&rt, l, routes, "peer", stop_rx.clone()));
     }
     for l in client_ls {
-        let routes = rpc::services(&core);
+        let routes = rt.block_on(async { rpc::services(&core) });
         servers.push(spawn_server(&rt, l, routes, "client", stop_rx.clone()));
     }
     rt.spawn(rpc::background(Arc::downgrade(&core)));
@@ -379,6 +379,7 @@ fn spawn_server(
     tracing::info!(%addr, "serving {what} traffic");
     rt.spawn(async move {
         tonic::transport::Server::builder()
+            .accept_http1(true)
             .add_routes(routes)
             .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -11,6 +11,7 @@ pub mod backend;
 mod cluster;
 pub mod compactor;
 mod error;
+mod http;
 mod kv;
 mod lease;
 mod maintenance;
@@ -39,8 +40,46 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 /// etcd's gRPC send limit (math.MaxInt32).
 const GRPC_MAX_SEND: usize = i32::MAX as usize;
 
-/// Every etcd service over `core`, ready to add to a tonic server.
+/// Every etcd service over `core` and the HTTP endpoints beside them, ready to serve.
 pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(report_health(Arc::downgrade(core), health));
+    let grpc = grpc_services(core).add_service(health_service);
+    let router = grpc
+        .into_axum_router()
+        .merge(http::router(core.clone()))
+        .fallback(http::fallback)
+        .layer(axum::middleware::map_response(http::grpc_limit_error));
+    tonic::service::Routes::from(router)
+}
+
+/// `grpc.health.v1.Health` for the empty service name: SERVING while this member has a
+/// leader, NOT_SERVING otherwise.
+async fn report_health(
+    core: std::sync::Weak<Core>,
+    reporter: tonic_health::server::HealthReporter,
+) {
+    let mut last = None;
+    loop {
+        let Some(c) = core.upgrade() else {
+            return;
+        };
+        let serving = c.node.leader().0.is_some();
+        drop(c);
+        if last != Some(serving) {
+            let status = if serving {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            last = Some(serving);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+fn grpc_services(core: &Arc<Core>) -> tonic::service::Routes {
     let recv = core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
     macro_rules! limits {
         ($svc:expr) => {

@@ -1,0 +1,132 @@
+//! The client port's plain HTTP endpoints and gRPC health, and the limits a client can hit.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use api::etcdserverpb::PutRequest;
+use common::{grpc, Proc};
+
+/// A GET over HTTP/1.1: (status code, body).
+fn get(client_url: &str, path: &str) -> (u16, String) {
+    let addr = client_url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (code, body)
+}
+
+#[test]
+fn http_endpoints_and_grpc_health_answer_as_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    assert_eq!(
+        get(&m.client, "/health"),
+        (200, r#"{"health":"true","reason":""}"#.into())
+    );
+    assert_eq!(get(&m.client, "/health?serializable=true").0, 200);
+    assert_eq!(get(&m.client, "/livez"), (200, "ok\n".into()));
+    assert_eq!(get(&m.client, "/readyz"), (200, "ok\n".into()));
+    let (code, v) = get(&m.client, "/version");
+    assert_eq!(code, 200);
+    assert!(
+        v.contains(r#""etcdserver":"3.6"#) && v.contains(r#""etcdcluster""#),
+        "{v}"
+    );
+    common::ctl_ok(&m.endpoint(), &["put", "a", "b"]);
+    let (code, metrics) = get(&m.client, "/metrics");
+    assert_eq!(code, 200);
+    for line in [
+        "etcd_server_has_leader 1",
+        "etcd_server_is_leader 1",
+        "etcd_debugging_mvcc_current_revision 2",
+        "# TYPE etcd_mvcc_db_total_size_in_bytes gauge",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing from:\n{metrics}"
+        );
+    }
+    assert_eq!(get(&m.client, "/nope").0, 404);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut h = tonic_health::pb::health_client::HealthClient::new(grpc::channel(&m.client));
+        let r = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    });
+}
+
+#[test]
+fn oversized_requests_are_refused_with_etcds_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = common::Addrs::new("default");
+    let mut p = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &["--max-request-bytes", "100000"],
+    );
+    p.wait_ready();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut kv = grpc::kv(&m.client);
+        let put = |n: usize| PutRequest {
+            key: b"big".to_vec(),
+            value: vec![b'x'; n],
+            ..Default::default()
+        };
+        // Over --max-request-bytes: etcd's own refusal.
+        let e = kv.put(put(150_000)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "etcdserver: request is too large");
+        // Over the gRPC limit (--max-request-bytes + 512 KiB): refused by gRPC, as etcd's.
+        let e = kv.put(put(700_000)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message()
+                .starts_with("grpc: received message larger than max ("),
+            "{e:?}"
+        );
+        assert!(e.message().ends_with(" vs. 624288)"), "{e:?}");
+        // Under it: fine (tonic's own 4 MiB default does not apply either way).
+        kv.put(put(90_000)).await.unwrap();
+        let e = kv
+            .put(PutRequest {
+                key: vec![],
+                value: b"v".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.message(), "etcdserver: key is not provided");
+    });
+    // Nothing but the one good put happened.
+    let status = common::ctl_ok(&m.endpoint(), &["get", "big", "-w", "json"]);
+    assert!(
+        status.contains("\"version\":1") && status.contains("\"revision\":2"),
+        "{status}"
+    );
+}
