@@ -1,0 +1,78 @@
+//! A Python client generated from `proto/` with grpcio-tools (installed into a private
+//! virtualenv under target/) exercising KV, Watch and Lease against a kvd process.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Proc;
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A virtualenv with grpcio-tools, made once per target directory.
+fn venv() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
+    let python = dir.join("bin/python");
+    let reqs =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/python/requirements.txt");
+    let stamp = dir.join("installed");
+    if !stamp.exists() {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&dir),
+            "python3 -m venv",
+        );
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet", "-r"])
+                .arg(&reqs),
+            "pip install grpcio-tools",
+        );
+        std::fs::write(&stamp, "").unwrap();
+    }
+    python
+}
+
+#[test]
+fn a_python_client_generated_from_our_protos_uses_kv_watch_and_lease() {
+    let python = venv();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let gen = dir.path().join("gen");
+    std::fs::create_dir_all(&gen).unwrap();
+    run(
+        Command::new(&python)
+            .args(["-m", "grpc_tools.protoc", "-I"])
+            .arg(root.join("proto"))
+            .arg(format!("--python_out={}", gen.display()))
+            .arg(format!("--grpc_python_out={}", gen.display()))
+            .args([
+                "etcd/api/mvccpb/kv.proto",
+                "etcd/api/authpb/auth.proto",
+                "etcd/api/etcdserverpb/rpc.proto",
+            ]),
+        "generate the Python client",
+    );
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let out = Command::new(&python)
+        .arg(root.join("tests/clients/python/test_client.py"))
+        .env("GEN_DIR", &gen)
+        .env("KVD_ENDPOINT", m.endpoint())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("KV, Watch and Lease OK"));
+}
