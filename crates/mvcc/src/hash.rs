@@ -22,7 +22,7 @@ impl Store {
     pub fn hash_kv(&self, rev: i64) -> Result<KvHash> {
         let snap = self.read()?;
         let current = snap.rev();
-        let (compacted, keep, rev) = {
+        let (compacted, keep, kept, rev) = {
             let ix = self.inner.index.read();
             let compacted = ix.compacted();
             if rev > 0 && rev < compacted {
@@ -32,12 +32,17 @@ impl Store {
                 return Err(Error::FutureRev);
             }
             let rev = if rev <= 0 { current } else { rev };
-            (compacted, ix.keep(rev), rev)
+            let (keep, kept) = ix.hash_keeps(rev);
+            (compacted, keep, kept, rev)
         };
         let mut h = crc32c::crc32c(KEY_BUCKET);
         snap.reader
             .for_each_entry(&self.inner.path, 0, rev, |r, tombstone, v| {
-                // Revisions compaction removes or is removing; all of them if it keeps none.
+                // Revisions the compaction deletes count as deleted, finished or not.
+                if r.main <= compacted && !kept.contains(&r) {
+                    return true;
+                }
+                // Of the rest at or below it, etcd's Keep; all of them if it keeps none.
                 if r.main <= compacted && !keep.is_empty() && !keep.contains(&r) {
                     return true;
                 }

@@ -340,13 +340,26 @@ impl Index {
         next
     }
 
-    /// The revisions a compaction at `at` keeps, for the hash (etcd's `Keep`).
-    pub fn keep(&self, at: i64) -> HashSet<Rev> {
+    /// For the hash at `at`: (etcd's `Keep(at)`, the revisions the compaction at `compacted`
+    /// keeps). etcd compacts its index, and in practice its data, as soon as a compaction is
+    /// scheduled; this index and data are compacted in the background afterwards, so each key is
+    /// asked as it will be once compacted, and the hash treats revisions the compaction will
+    /// delete as gone already.
+    pub fn hash_keeps(&self, at: i64) -> (HashSet<Rev>, HashSet<Rev>) {
         let mut keep = HashSet::new();
+        let mut kept = HashSet::new();
         for ki in self.tree.values() {
-            ki.keep(at, &mut keep);
+            if self.compacted > 0 {
+                let mut done = ki.clone();
+                done.compact(self.compacted, &mut kept);
+                if !done.is_empty() {
+                    done.keep(at, &mut keep);
+                }
+            } else {
+                ki.keep(at, &mut keep);
+            }
         }
-        keep
+        (keep, kept)
     }
 }
 
@@ -410,7 +423,7 @@ mod tests {
         let mut ix = Index::new();
         ix.put(b"b", r(4));
         assert!(ix.tombstone(b"b", r(5)));
-        assert!(ix.keep(5).is_empty());
+        assert!(ix.hash_keeps(5).0.is_empty());
     }
 
     #[test]

@@ -312,3 +312,47 @@ fn interrupted_compaction_resumes() {
     store.read().unwrap().for_each_revision(|_| n += 1).unwrap();
     assert_eq!(n, 10 + 51);
 }
+
+/// etcd 3.6.5 answered 4172735989 (`etcdctl endpoint hashkv`, at revision 11) after these
+/// requests and `compaction 3`, whether or not its compaction had finished; so must kvd, before
+/// and after its own (background) compaction has run.
+#[test]
+fn hash_kv_right_after_compaction_equals_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let mut w = store.write().unwrap();
+    let del = |k: &str, end: &str| DeleteRangeRequest {
+        key: k.into(),
+        range_end: end.into(),
+        ..Default::default()
+    };
+    for (k, v) in [
+        ("foo", "bar"),
+        ("foo", "baz"),
+        ("foo1", "one"),
+        ("foo2", "two"),
+        ("zed", "last"),
+    ] {
+        w.put(&put(k, v)).unwrap();
+    }
+    w.put(&PutRequest {
+        key: "foo1".into(),
+        ignore_value: true,
+        ..Default::default()
+    })
+    .unwrap();
+    w.delete_range(&del("foo2", "")).unwrap();
+    w.delete_range(&del("foo", "fop")).unwrap();
+    w.put(&put("zed", "new")).unwrap();
+    w.delete_range(&del("zed", "")).unwrap();
+    drop(w);
+    assert_eq!(store.rev(), 11);
+    store.write().unwrap().compact(3).unwrap();
+    assert_eq!(
+        store.hash_kv(0).unwrap().hash,
+        4172735989,
+        "before the compaction ran"
+    );
+    store.wait_compaction(3).unwrap();
+    assert_eq!(store.hash_kv(0).unwrap().hash, 4172735989, "after it ran");
+}
