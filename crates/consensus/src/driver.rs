@@ -403,6 +403,14 @@ impl<O: Send + 'static> Driver<O> {
                 }
             }
             Cmd::Unreachable(id) => self.raw.report_unreachable(id),
+            Cmd::RemovedByPeer(by) => {
+                if !self.removed {
+                    tracing::warn!(member = %format!("{:x}", self.cfg.id), peer = %format!("{by:x}"), "a peer says this member was removed from the cluster");
+                    self.removed = true;
+                    self.shared.fail_all(|| Error::Removed);
+                    self.publish_status();
+                }
+            }
             Cmd::SnapshotStatus(id, ok) => {
                 let status = if ok {
                     SnapshotStatus::Finish
@@ -793,6 +801,15 @@ impl<O: Send + 'static> Driver<O> {
 
     fn set_members(&mut self, index: u64, cs: ConfState, members: Members) {
         let was_member = self.members().get(self.cfg.id).is_some();
+        {
+            let mut gone = self.shared.removed_ids.lock();
+            gone.extend(
+                self.members()
+                    .iter()
+                    .map(|m| m.id)
+                    .filter(|id| members.get(*id).is_none()),
+            );
+        }
         self.transport.update_members(&members);
         self.shared.status.lock().members = members.clone();
         if was_member && members.get(self.cfg.id).is_none() {

@@ -66,6 +66,15 @@ use pb::peer_client::PeerClient;
 use pb::peer_server::{Peer, PeerServer};
 use pb::{Batch, Hello, MembersReply, MembersRequest, PeerMember, SnapshotChunk};
 
+/// How a peer refuses a removed member (the sender stops on seeing it).
+const REMOVED: &str = "the member has been permanently removed from the cluster";
+/// The refusal a removed member gets.
+fn removed(from: u64, cluster: u64) -> Status {
+    Status::failed_precondition(format!(
+        "{REMOVED}: member {from:x} was removed from cluster {cluster:x}"
+    ))
+}
+
 const META_CLUSTER: &str = "kvd-cluster-id";
 const META_FROM: &str = "kvd-member-id";
 const META_TO: &str = "kvd-to";
@@ -158,6 +167,9 @@ impl PeerService {
                 self.id, self.cluster_id
             )));
         }
+        if self.inbox.is_removed(from) {
+            return Err(removed(from, self.cluster_id));
+        }
         if to != self.id {
             return Err(Status::failed_precondition(format!(
                 "member id mismatch: this is member {:x}, the sender ({from:x}) wanted {to:x}",
@@ -200,6 +212,10 @@ impl Peer for PeerService {
                         break;
                     }
                 };
+                if me.inbox.is_removed(from) {
+                    let _ = tx.send(Err(removed(from, me.cluster_id))).await;
+                    break;
+                }
                 if batch.cluster_id != me.cluster_id || batch.to != me.id {
                     let _ = tx
                         .send(Err(Status::failed_precondition(
@@ -511,6 +527,11 @@ async fn run_peer(
         attempt += 1;
         match stream_to(ident, to, url, &mut rx, &errors).await {
             Ok(()) => return, // the node dropped this peer
+            Err(e) if e.contains(REMOVED) => {
+                tracing::warn!(peer = %format!("{to:x}"), "{e}");
+                reporter.removed_by(to);
+                return;
+            }
             Err(e) => {
                 let first = errors.lock().insert(to, e.clone()).as_ref() != Some(&e);
                 if first {

@@ -215,6 +215,9 @@ pub(crate) struct Shared<O> {
     /// Terms in which this member was leader.
     pub(crate) led: Mutex<Vec<u64>>,
     pub(crate) snapshotter: Snapshotter,
+    /// Members removed while this node ran (or in the log it replayed): peers refuse their
+    /// messages, so a removed member that never got its own removal learns of it.
+    pub(crate) removed_ids: Arc<Mutex<std::collections::HashSet<u64>>>,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -248,6 +251,8 @@ pub(crate) enum Cmd {
     TransferLeader(u64),
     Campaign,
     Unreachable(u64),
+    /// A peer refused this member's messages: it was removed from the cluster.
+    RemovedByPeer(u64),
     SnapshotStatus(u64, bool),
     /// From the apply thread: everything up to here is applied.
     Applied(u64),
@@ -333,6 +338,7 @@ impl<O: Send + 'static> RaftNode<O> {
             }),
             led: Mutex::new(Vec::new()),
             snapshotter,
+            removed_ids: Default::default(),
         });
         let driver = crate::driver::Driver::open(cfg, start, sm, transport, shared.clone(), rx)?;
         let thread = std::thread::Builder::new()
@@ -399,6 +405,7 @@ impl<O: Send + 'static> RaftNode<O> {
         Inbox {
             tx: self.shared.tx.clone(),
             snapshotter: self.shared.snapshotter.clone(),
+            removed: self.shared.removed_ids.clone(),
         }
     }
 
@@ -459,9 +466,15 @@ impl<O: Send + 'static> Drop for RaftNode<O> {
 pub struct Inbox {
     tx: Sender<Cmd>,
     snapshotter: Snapshotter,
+    removed: Arc<Mutex<std::collections::HashSet<u64>>>,
 }
 
 impl Inbox {
+    /// Whether `id` was removed from the cluster (its messages are refused).
+    pub fn is_removed(&self, id: u64) -> bool {
+        self.removed.lock().contains(&id)
+    }
+
     /// A message from a peer.
     pub fn step(&self, msg: Message) -> Result<()> {
         self.tx.send(Cmd::Step(msg)).map_err(|_| Error::Stopped)

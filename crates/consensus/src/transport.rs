@@ -34,6 +34,11 @@ impl Reporter {
     pub fn unreachable(&self, id: u64) {
         let _ = self.tx.send(Cmd::Unreachable(id));
     }
+
+    /// Peer `by` refused this member's messages because it was removed from the cluster.
+    pub fn removed_by(&self, by: u64) {
+        let _ = self.tx.send(Cmd::RemovedByPeer(by));
+    }
 }
 
 /// The outcome of one snapshot transfer, reported exactly once (a dropped `SnapshotDone` reports

@@ -17,6 +17,7 @@ use rpc::{Backend, Core, KvStateMachine, ServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 /// How long shutdown waits for open client streams before closing them.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -377,11 +378,20 @@ fn spawn_server(
 ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
     let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(%addr, "serving {what} traffic");
+    // Small gRPC frames must not wait for Nagle's algorithm (a ~40 ms stall per response
+    // otherwise): every accepted connection gets TCP_NODELAY, as etcd's (Go's default).
+    let incoming = TcpListenerStream::new(l).map(|s| {
+        s.inspect(|s| {
+            if let Err(e) = s.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY: {e}");
+            }
+        })
+    });
     rt.spawn(async move {
         tonic::transport::Server::builder()
             .accept_http1(true)
             .add_routes(routes)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop.wait_for(|s| *s).await;
             })
             .await

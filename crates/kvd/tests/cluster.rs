@@ -241,11 +241,16 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
     // A learner refuses linearizable requests, as etcd's.
     let refused = common::ctl(&d.endpoint(), &["put", "x", "y"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("rpc not supported for learner"));
-    let list = common::ctl_ok(&ep, &["member", "list"]);
-    assert!(
-        list.contains(&format!("{id}, started, d, {}, {}, true", d.peer, d.client)),
-        "{list}"
-    );
+    // It publishes its name and client URLs once started; every member sees one list.
+    let want = format!("{id}, started, d, {}, {}, true", d.peer, d.client);
+    pd.wait_for("the learner's attributes", 10, || {
+        common::ctl_ok(&ep, &["member", "list"]).contains(&want)
+    });
+    let list = common::ctl_ok(&ms[2].endpoint(), &["member", "list"]);
+    for m in &ms {
+        let started = format!("started, {}, {}, {}", m.name, m.peer, m.client);
+        assert!(list.contains(&started), "{list}");
+    }
 
     let promoted = common::ctl_ok(&ep, &["member", "promote", &id]);
     assert!(promoted.contains("promoted"), "{promoted}");

@@ -217,6 +217,7 @@ impl Core {
         let ch = tonic::transport::Endpoint::from_shared(url.clone())
             .map_err(|e| Status::unavailable(format!("leader client URL {url}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
             .connect_lazy();
         *slot = Some((leader, ch.clone()));
         Ok(ch)
