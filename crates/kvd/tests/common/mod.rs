@@ -43,16 +43,29 @@ pub fn free_port() -> u16 {
 pub struct Addrs {
     pub name: String,
     pub client: String,
+    /// The advertised peer URL (what the others dial).
     pub peer: String,
+    /// Where the member listens for peers (the same unless a proxy sits in between).
+    pub peer_listen: String,
 }
 
 impl Addrs {
     pub fn new(name: &str) -> Addrs {
+        let peer = format!("http://127.0.0.1:{}", free_port());
         Addrs {
             name: name.into(),
             client: format!("http://127.0.0.1:{}", free_port()),
-            peer: format!("http://127.0.0.1:{}", free_port()),
+            peer_listen: peer.clone(),
+            peer,
         }
+    }
+
+    /// The same member behind a proxy for its inbound peer traffic: the others dial the proxy.
+    pub fn behind_proxy(name: &str) -> (Addrs, Proxy) {
+        let mut m = Addrs::new(name);
+        let proxy = Proxy::start(m.peer_listen.trim_start_matches("http://").to_string());
+        m.peer = format!("http://{}", proxy.addr);
+        (m, proxy)
     }
 
     /// The endpoint etcdctl takes (host:port).
@@ -101,7 +114,7 @@ impl Proc {
             .arg(dir)
             .args(["--listen-client-urls", &m.client])
             .args(["--advertise-client-urls", &m.client])
-            .args(["--listen-peer-urls", &m.peer])
+            .args(["--listen-peer-urls", &m.peer_listen])
             .args(["--initial-advertise-peer-urls", &m.peer])
             .args(["--initial-cluster", &initial_cluster(all)])
             .args(["--initial-cluster-state", state])
@@ -275,5 +288,87 @@ pub mod grpc {
 
     pub fn maintenance(client_url: &str) -> MaintenanceClient<Channel> {
         MaintenanceClient::new(channel(client_url))
+    }
+}
+
+/// A TCP proxy the test controls: forwards connections to `upstream` until cut; cutting closes
+/// every open connection and refuses new ones until healed.
+#[derive(Debug)]
+pub struct Proxy {
+    pub addr: String,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(upstream: String) -> Proxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (c, s, k) = (cut.clone(), stop.clone(), conns.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let (down, _) = match l.accept() {
+                    Ok(x) => x,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                if c.load(Ordering::Relaxed) {
+                    continue; // dropped: refused while cut
+                }
+                down.set_nonblocking(false).unwrap();
+                let Ok(up) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let _ = down.set_nodelay(true);
+                let _ = up.set_nodelay(true);
+                let mut list = k.lock().unwrap();
+                list.push(down.try_clone().unwrap());
+                list.push(up.try_clone().unwrap());
+                drop(list);
+                for (mut from, mut to) in [
+                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up, down),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy {
+            addr,
+            cut,
+            conns,
+            stop,
+        }
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cut();
     }
 }
