@@ -61,21 +61,20 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
     }
     assert_eq!(get(&m.client, "/nope").0, 404);
 
+    // gRPC health follows the leader (polled every 100 ms): SERVING once there is one.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let mut h = tonic_health::pb::health_client::HealthClient::new(grpc::channel(&m.client));
-        let r = h
-            .check(tonic_health::pb::HealthCheckRequest {
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let status = || {
+        rt.block_on(async {
+            let mut h =
+                tonic_health::pb::health_client::HealthClient::new(grpc::channel(&m.client));
+            let req = tonic_health::pb::HealthCheckRequest {
                 service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(
-            r.status,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-        );
-    });
+            };
+            h.check(req).await.unwrap().into_inner().status
+        })
+    };
+    common::wait_for("gRPC health to report SERVING", 5, || status() == serving);
 }
 
 #[test]

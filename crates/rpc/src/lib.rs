@@ -54,7 +54,7 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
 }
 
 /// `grpc.health.v1.Health` for the empty service name: SERVING while this member has a
-/// leader, NOT_SERVING otherwise.
+/// leader, NOT_SERVING otherwise (checked every 100 ms).
 async fn report_health(
     core: std::sync::Weak<Core>,
     reporter: tonic_health::server::HealthReporter,
@@ -75,7 +75,7 @@ async fn report_health(
             reporter.set_service_status("", status).await;
             last = Some(serving);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
