@@ -40,16 +40,12 @@ fn encode_meta(cluster_id: u64, member_id: u64) -> Vec<u8> {
 
 /// The (cluster id, member id) whose log is in the member directory `dir`, if it holds one:
 /// what a restarting server must use, whatever its flags say now.
-pub fn existing_member(
-    dir: &std::path::Path,
-    opts: crate::wal::Options,
-) -> Result<Option<(u64, u64)>> {
+pub fn existing_member(dir: &std::path::Path) -> Result<Option<(u64, u64)>> {
     let wal_dir = dir.join("wal");
     if !wal_dir.exists() {
         return Ok(None);
     }
-    let (_, rec) = Wal::open(&wal_dir, opts)?;
-    match decode_meta(&rec.metadata) {
+    match decode_meta(&Wal::read_metadata(&wal_dir)?) {
         Some(ids) => Ok(Some(ids)),
         None => Err(Error::Config(format!(
             "{}: the WAL's metadata is not kvd's",

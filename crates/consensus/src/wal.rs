@@ -405,6 +405,34 @@ impl Wal {
         Ok(wal)
     }
 
+    /// The metadata of the log in `dir`, read from the first record of its newest segment
+    /// (every segment starts with it) without replaying anything.
+    pub fn read_metadata(dir: impl AsRef<Path>) -> Result<Vec<u8>> {
+        let dir = dir.as_ref();
+        let segments = list_segments(dir)?;
+        let Some(seg) = segments.last() else {
+            return Err(Error::NotFound(dir.to_path_buf()));
+        };
+        let mut data = Vec::new();
+        io(
+            "read",
+            &seg.path,
+            File::open(&seg.path).and_then(|f| f.take(64 << 10).read_to_end(&mut data)),
+        )?;
+        match decode(&data, 0) {
+            Decoded::Record {
+                kind: KIND_METADATA,
+                payload,
+                ..
+            } => Ok(payload.to_vec()),
+            _ => Err(Error::Corrupt {
+                path: seg.path.clone(),
+                offset: 0,
+                reason: "the segment does not start with the log's metadata".into(),
+            }),
+        }
+    }
+
     /// Opens the log in `dir`, replaying it; a torn tail is repaired, other damage refused.
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<(Wal, Recovered)> {
         let dir = dir.as_ref().to_path_buf();

@@ -84,6 +84,8 @@ fn segments_are_cut_and_purged_behind_a_snapshot() {
         }
     );
     assert_eq!(rec.metadata, b"m");
+    // Read alone, from the newest segment, without a replay.
+    assert_eq!(Wal::read_metadata(dir.path()).unwrap(), b"m");
     assert_eq!(rec.hard_state, hs(1, 1, 2000));
     assert_eq!(
         indexes(&rec.entries),

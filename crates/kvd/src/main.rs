@@ -155,8 +155,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
     let token = &f.initial_cluster_token;
     let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
     let members = consensus::parse_initial_cluster(&initial, token)?;
-    let wal_opts = consensus::wal::Options::default();
-    let existing = consensus::existing_member(&member_dir, wal_opts).map_err(|e| e.to_string())?;
+    let existing = consensus::existing_member(&member_dir).map_err(|e| e.to_string())?;
     let (id, cluster_id, start) = match existing {
         Some((cluster_id, id)) => {
             tracing::info!(dir = %member_dir.display(), member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "restarting from the data directory");
