@@ -129,3 +129,47 @@ fn oversized_requests_are_refused_with_etcds_errors_and_change_nothing() {
         "{status}"
     );
 }
+
+#[test]
+fn writes_past_the_quota_raise_nospace_and_are_refused_reads_and_deletes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = common::Addrs::new("default");
+    let quota = (4u64 << 20).to_string();
+    let mut p = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &["--quota-backend-bytes", &quota],
+    );
+    p.wait_ready();
+    let ep = m.endpoint();
+    let value = "x".repeat(200_000);
+    let mut refused = None;
+    for i in 0..200 {
+        // The value on stdin: one argument may not exceed 128 KiB.
+        let out = common::ctl_input(&ep, &["put", &format!("k{i:03}")], &value);
+        if !out.status.success() {
+            refused = Some((i, String::from_utf8_lossy(&out.stderr).to_string()));
+            break;
+        }
+    }
+    let (at, err) = refused.expect("200 puts of 200 KB fit a 4 MiB quota");
+    assert!(at > 0, "the first put was refused");
+    assert!(
+        err.contains("etcdserver: mvcc: database space exceeded"),
+        "{err}"
+    );
+    let alarms = common::ctl_ok(&ep, &["alarm", "list"]);
+    assert!(alarms.contains("alarm:NOSPACE"), "{alarms}");
+    // Every later write is refused while the alarm stands; reads and deletes work.
+    assert!(!common::ctl(&ep, &["put", "small", "v"]).status.success());
+    assert_eq!(
+        common::ctl_ok(&ep, &["get", "k000", "--print-value-only"]).len(),
+        200_001
+    );
+    assert_eq!(common::ctl_ok(&ep, &["del", "k000"]), "1\n");
+    let (code, body) = get(&m.client, "/health");
+    assert_eq!(code, 503);
+    assert!(body.contains("NOSPACE"), "{body}");
+}

@@ -219,6 +219,12 @@ impl Db {
         &self.shared.path
     }
 
+    /// The file's size as of the newest commit (no system call, no writer lock: cheap enough
+    /// for every request's quota check).
+    pub fn file_size(&self) -> u64 {
+        self.shared.published.lock().map.len() as u64
+    }
+
     /// Bytes per page.
     pub fn page_size(&self) -> usize {
         self.shared.page_size

@@ -22,6 +22,11 @@ pub(crate) struct Map {
 }
 
 impl Map {
+    /// The bytes mapped: the file's length when the map was made.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// Maps the first `len` bytes of `file` (`len == 0` maps nothing).
     pub fn new(file: &File, len: u64, path: &Path) -> Result<Map> {
         if len == 0 {

@@ -127,7 +127,7 @@ impl Dump {
     fn new(db: &pager::Db) -> io::Result<Dump> {
         let txn = db.begin_read().map_err(storage)?;
         let buckets = txn.buckets().map_err(storage)?;
-        let size_hint = std::fs::metadata(db.path()).map_or(0, |m| m.len());
+        let size_hint = db.file_size();
         let mut buf = Vec::with_capacity(CHUNK + 4096);
         buf.extend_from_slice(MAGIC);
         Ok(Dump {

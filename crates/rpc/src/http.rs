@@ -180,7 +180,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
 async fn metrics(State(core): State<Arc<Core>>) -> Response {
     let st = core.node.status();
     let store = core.backend.store();
-    let db_size = std::fs::metadata(store.path()).map_or(0, |m| m.len());
+    let db_size = store.db().file_size();
     let mut out = String::new();
     let b = |v: bool| u8::from(v);
     metric(

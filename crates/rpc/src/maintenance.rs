@@ -141,7 +141,7 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<StatusResponse>, Status> {
         let st = self.core.node.status();
         let store = self.core.backend.store();
-        let db_size = std::fs::metadata(store.path()).map_or(0, |m| m.len()) as i64;
+        let db_size = store.db().file_size() as i64;
         let errors = self
             .core
             .alarms

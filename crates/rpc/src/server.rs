@@ -131,7 +131,7 @@ impl Core {
         if self.no_space() {
             return Err(error::no_space());
         }
-        let size = std::fs::metadata(self.backend.store().path()).map_or(0, |m| m.len());
+        let size = self.backend.store().db().file_size();
         if size + cost as u64 <= self.cfg.quota_backend_bytes {
             return Ok(());
         }
