@@ -27,10 +27,6 @@ impl KvService {
     }
 }
 
-fn unexpected(r: Applied) -> Status {
-    Status::internal(format!("unexpected apply result {r:?}"))
-}
-
 /// Whether a txn writes (any put or delete, at any depth).
 fn writes(t: &TxnRequest) -> bool {
     !mvcc::is_txn_readonly(t)
@@ -64,7 +60,7 @@ impl Kv for KvService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(unexpected(other)),
+            other => Err(other.unexpected()),
         }
     }
 
@@ -80,7 +76,7 @@ impl Kv for KvService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(unexpected(other)),
+            other => Err(other.unexpected()),
         }
     }
 
@@ -106,7 +102,7 @@ impl Kv for KvService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(unexpected(other)),
+            other => Err(other.unexpected()),
         }
     }
 
@@ -129,7 +125,7 @@ impl Kv for KvService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(unexpected(other)),
+            other => Err(other.unexpected()),
         }
     }
 }

@@ -129,9 +129,7 @@ impl Lease for LeaseService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(Status::internal(format!(
-                "unexpected apply result {other:?}"
-            ))),
+            other => Err(other.unexpected()),
         }
     }
 
@@ -144,9 +142,7 @@ impl Lease for LeaseService {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            other => Err(Status::internal(format!(
-                "unexpected apply result {other:?}"
-            ))),
+            other => Err(other.unexpected()),
         }
     }
 

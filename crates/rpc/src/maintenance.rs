@@ -126,9 +126,7 @@ impl Maintenance for MaintenanceService {
                         self.core.fill(&mut resp.header);
                         Ok(Response::new(resp))
                     }
-                    other => Err(Status::internal(format!(
-                        "unexpected apply result {other:?}"
-                    ))),
+                    other => Err(other.unexpected()),
                 }
             }
             Err(_) => Err(Status::invalid_argument("etcdserver: unknown alarm action")),

@@ -57,6 +57,13 @@ pub enum Response {
     Alarm(AlarmResponse),
 }
 
+impl Response {
+    /// The error for an answer of the wrong kind (a bug: each op has one kind of answer).
+    pub(crate) fn unexpected(self) -> tonic::Status {
+        tonic::Status::internal(format!("unexpected apply result {self:?}"))
+    }
+}
+
 /// What the state machine hands back to the proposer: the response or etcd's error status.
 pub type Applied = Result<Response, tonic::Status>;
 
