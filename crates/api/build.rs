@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "etcd/api/mvccpb/kv.proto",
         "etcd/api/authpb/auth.proto",
         "etcd/api/etcdserverpb/rpc.proto",
+        "etcd/server/etcdserver/api/v3lock/v3lockpb/v3lock.proto",
+        "etcd/server/etcdserver/api/v3election/v3electionpb/v3election.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());

@@ -19,3 +19,13 @@ pub mod authpb {
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
+
+/// `v3lockpb`: the Lock service (distributed locks held under leases).
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+}
+
+/// `v3electionpb`: the Election service (leader election over keys).
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+}

@@ -314,3 +314,88 @@ fn snapshot_save_and_kvd_snapshot_restore_rebuild_the_keys_and_their_history() {
     assert_eq!(at("52"), "s001\nv1\n");
     assert_eq!(at("53"), "s001\nv51\n");
 }
+
+/// etcdctl with its output piped, left running.
+fn spawn_ctl(endpoint: &str, args: &[&str]) -> std::process::Child {
+    Command::new(tools().join("etcdctl"))
+        .args(["--endpoints", endpoint])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERM (etcdctl lock and elect let go of their hold on it) and what was printed.
+fn stop(mut c: std::process::Child) -> String {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    finish(&mut c)
+}
+
+/// Waits (bounded) for the process to end; its exit code, stdout and stderr.
+fn finish(c: &mut std::process::Child) -> String {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = c.kill();
+            break c.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    format!("[exit {:?}]\n{out}{err}", status.code())
+}
+
+/// Two `etcdctl lock`s and two `etcdctl elect` candidates with an observer, taking turns.
+fn lock_and_elect(endpoint: &str) -> String {
+    let pause = || std::thread::sleep(Duration::from_millis(1000));
+    let mut t = String::new();
+
+    let holder = spawn_ctl(endpoint, &["lock", "lk"]);
+    pause();
+    let mut second = spawn_ctl(endpoint, &["lock", "lk", "echo", "second holds it"]);
+    pause();
+    let waiting = second.try_wait().unwrap().is_none();
+    t += &format!("$ etcdctl lock lk\n{}\n", stop(holder));
+    t += &format!("second waited: {waiting}\n");
+    t += &format!("$ etcdctl lock lk echo ..\n{}\n", finish(&mut second));
+
+    let observer = spawn_ctl(endpoint, &["elect", "-l", "el"]);
+    pause();
+    let first = spawn_ctl(endpoint, &["elect", "el", "p1"]);
+    pause();
+    let second = spawn_ctl(endpoint, &["elect", "el", "p2"]);
+    pause();
+    t += &format!("$ etcdctl elect el p1\n{}\n", stop(first));
+    pause();
+    t += &format!("$ etcdctl elect el p2\n{}\n", stop(second));
+    pause();
+    t += &format!("$ etcdctl elect -l el\n{}\n", stop(observer));
+    normalize(&t, endpoint)
+}
+
+#[test]
+fn etcdctl_lock_and_elect_print_against_kvd_what_they_print_against_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Addrs::new("default");
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
+    etcd.wait_ready();
+    let want = lock_and_elect(&e.endpoint());
+    let got = lock_and_elect(&k.endpoint());
+    assert_eq!(got, want, "kvd:\n{got}\netcd:\n{want}");
+    // Not vacuous: the second lock and the second candidate got their turn, and the observer
+    // saw both leaders.
+    assert!(want.contains("second waited: true\n"), "{want}");
+    assert!(want.contains("second holds it"), "{want}");
+    assert!(want.contains("el/<id>\np2"), "{want}");
+}

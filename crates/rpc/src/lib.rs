@@ -1,6 +1,7 @@
 //! The etcd v3 server: request checks, proposals through consensus, the state machine that
 //! applies them to mvcc, and the tonic services (`etcdserverpb.KV`, `Watch`, `Lease`,
-//! `Cluster`, `Maintenance`, `Auth`, `grpc.health.v1.Health`) with etcd's wire behaviour.
+//! `Cluster`, `Maintenance`, `Auth`, `v3lockpb.Lock`, `v3electionpb.Election`,
+//! `grpc.health.v1.Health`) with etcd's wire behaviour.
 //!
 //! Every write is proposed (a single member is a one-member raft group, not a special path),
 //! applied by [`KvStateMachine`] in raft order, and answered once applied here. Linearizable
@@ -10,6 +11,7 @@ mod auth;
 pub mod backend;
 mod cluster;
 pub mod compactor;
+mod concurrency;
 mod error;
 mod http;
 mod kv;
@@ -34,6 +36,8 @@ use api::etcdserverpb::kv_server::KvServer;
 use api::etcdserverpb::lease_server::LeaseServer;
 use api::etcdserverpb::maintenance_server::MaintenanceServer;
 use api::etcdserverpb::watch_server::WatchServer;
+use api::v3electionpb::election_server::ElectionServer;
+use api::v3lockpb::lock_server::LockServer;
 
 /// gRPC's receive limit over `--max-request-bytes`, as etcd's (room for the envelope).
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -103,4 +107,10 @@ fn grpc_services(core: &Arc<Core>) -> tonic::service::Routes {
         .add_service(limits!(AuthServer::new(auth::AuthService::new(
             core.clone()
         ))))
+        .add_service(limits!(LockServer::new(concurrency::LockService::new(
+            core.clone()
+        ))))
+        .add_service(limits!(ElectionServer::new(
+            concurrency::ElectionService::new(core.clone())
+        )))
 }
