@@ -361,18 +361,5 @@ async fn lock_and_election_answer_as_etcds() {
 
     let want = scenario(&e.client).await;
     let got = scenario(&k.client).await;
-    let diffs: Vec<String> = want
-        .iter()
-        .zip(&got)
-        .filter(|(w, g)| w != g)
-        .map(|(w, g)| format!("etcd: {w}\n kvd: {g}"))
-        .collect();
-    assert!(
-        diffs.is_empty() && want.len() == got.len(),
-        "{} of {} answers differ:\n{}\n\nkvd's transcript:\n{}",
-        diffs.len(),
-        want.len(),
-        diffs.join("\n"),
-        got.join("\n")
-    );
+    common::assert_same_answers(&want, &got);
 }

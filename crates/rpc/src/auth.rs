@@ -1,6 +1,7 @@
-//! `etcdserverpb.Auth` while authentication is not built: AuthStatus reports it disabled, and
-//! every other call answers etcd's "authentication is not enabled", so clients that probe for
-//! auth (or were given credentials by mistake) get etcd's answer, not an unknown service.
+//! `etcdserverpb.Auth` while authentication is not built: AuthStatus reports it disabled, the
+//! user and role queries answer what etcd answers with no users or roles, and every other call
+//! answers etcd's "authentication is not enabled", so clients that probe for auth (or were
+//! given credentials by mistake) get etcd's answer, not an unknown service.
 
 use std::sync::Arc;
 
@@ -21,6 +22,13 @@ impl AuthService {
     pub fn new(core: Arc<Core>) -> Self {
         AuthService { core }
     }
+
+    /// The header of a read of the (empty) user and role store: linearizable, as etcd's.
+    async fn header(&self) -> Result<Option<ResponseHeader>, Status> {
+        self.core.refuse_learner()?;
+        self.core.linearize().await?;
+        Ok(Some(self.core.header(self.core.backend.store().rev())))
+    }
 }
 
 /// The Auth impl: `auth_status` answers; every listed method is "not enabled". (async_trait
@@ -37,8 +45,43 @@ macro_rules! auth_impl {
                 Ok(Response::new(AuthStatusResponse {
                     header: Some(self.core.header(rev)),
                     enabled: false,
-                    auth_revision: 0,
+                    // A new etcd cluster's auth store starts at revision 1.
+                    auth_revision: 1,
                 }))
+            }
+
+            async fn user_list(
+                &self,
+                _req: Request<AuthUserListRequest>,
+            ) -> Result<Response<AuthUserListResponse>, Status> {
+                Ok(Response::new(AuthUserListResponse {
+                    header: self.header().await?,
+                    users: Vec::new(),
+                }))
+            }
+
+            async fn role_list(
+                &self,
+                _req: Request<AuthRoleListRequest>,
+            ) -> Result<Response<AuthRoleListResponse>, Status> {
+                Ok(Response::new(AuthRoleListResponse {
+                    header: self.header().await?,
+                    roles: Vec::new(),
+                }))
+            }
+
+            async fn user_get(
+                &self,
+                _req: Request<AuthUserGetRequest>,
+            ) -> Result<Response<AuthUserGetResponse>, Status> {
+                Err(Status::failed_precondition("etcdserver: user name not found"))
+            }
+
+            async fn role_get(
+                &self,
+                _req: Request<AuthRoleGetRequest>,
+            ) -> Result<Response<AuthRoleGetResponse>, Status> {
+                Err(Status::failed_precondition("etcdserver: role name not found"))
             }
 
             $(
@@ -55,15 +98,11 @@ auth_impl! {
     auth_disable(AuthDisableRequest) -> AuthDisableResponse;
     authenticate(AuthenticateRequest) -> AuthenticateResponse;
     user_add(AuthUserAddRequest) -> AuthUserAddResponse;
-    user_get(AuthUserGetRequest) -> AuthUserGetResponse;
-    user_list(AuthUserListRequest) -> AuthUserListResponse;
     user_delete(AuthUserDeleteRequest) -> AuthUserDeleteResponse;
     user_change_password(AuthUserChangePasswordRequest) -> AuthUserChangePasswordResponse;
     user_grant_role(AuthUserGrantRoleRequest) -> AuthUserGrantRoleResponse;
     user_revoke_role(AuthUserRevokeRoleRequest) -> AuthUserRevokeRoleResponse;
     role_add(AuthRoleAddRequest) -> AuthRoleAddResponse;
-    role_get(AuthRoleGetRequest) -> AuthRoleGetResponse;
-    role_list(AuthRoleListRequest) -> AuthRoleListResponse;
     role_delete(AuthRoleDeleteRequest) -> AuthRoleDeleteResponse;
     role_grant_permission(AuthRoleGrantPermissionRequest) -> AuthRoleGrantPermissionResponse;
     role_revoke_permission(AuthRoleRevokePermissionRequest) -> AuthRoleRevokePermissionResponse;

@@ -26,8 +26,9 @@ impl ClusterService {
         ClusterService { core }
     }
 
+    /// As etcd's cluster server: ids and term, no revision.
     fn header(&self) -> Option<ResponseHeader> {
-        Some(self.core.header(self.core.backend.store().rev()))
+        Some(self.core.header(0))
     }
 
     async fn change(&self, c: Change) -> Result<Vec<PbMember>, Status> {

@@ -98,6 +98,36 @@ impl LeaseService {
     }
 }
 
+impl LeaseService {
+    /// Serves one keep-alive stream whose requests come from `input` (a gRPC stream, or the
+    /// JSON gateway's); it ends when the input does.
+    pub(crate) fn keep_alive<S>(&self, mut input: S) -> KeepAliveOut
+    where
+        S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Send + Unpin + 'static,
+    {
+        let (tx, rx) = mpsc::channel(16);
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let mut fwd = None;
+            while let Some(Ok(r)) = input.next().await {
+                let out = svc.renew(r.id, &mut fwd).await.map(|ttl| {
+                    let rev = svc.core.backend.store().rev();
+                    LeaseKeepAliveResponse {
+                        header: Some(svc.core.header(rev)),
+                        id: r.id,
+                        ttl,
+                    }
+                });
+                let failed = out.is_err();
+                if tx.send(out).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
+    }
+}
+
 /// A forwarded request failed: the leader is unreachable or changed.
 fn forward_failed(s: &Status) -> Status {
     tracing::debug!("forwarding to the leader failed: {s}");
@@ -108,7 +138,8 @@ fn forward_failed(s: &Status) -> Status {
     }
 }
 
-type KeepAliveOut = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+pub(crate) type KeepAliveOut =
+    Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Lease for LeaseService {
@@ -152,29 +183,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        let mut input = req.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let svc = self.clone();
-        tokio::spawn(async move {
-            let mut fwd = None;
-            while let Some(Ok(r)) = input.next().await {
-                let out = svc.renew(r.id, &mut fwd).await.map(|ttl| {
-                    let rev = svc.core.backend.store().rev();
-                    LeaseKeepAliveResponse {
-                        header: Some(svc.core.header(rev)),
-                        id: r.id,
-                        ttl,
-                    }
-                });
-                let failed = out.is_err();
-                if tx.send(out).await.is_err() || failed {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(
-            Box::pin(ReceiverStream::new(rx)) as KeepAliveOut
-        ))
+        Ok(Response::new(self.keep_alive(req.into_inner())))
     }
 
     async fn lease_time_to_live(

@@ -13,6 +13,7 @@ mod cluster;
 pub mod compactor;
 mod concurrency;
 mod error;
+mod gateway;
 mod http;
 mod kv;
 mod lease;
@@ -52,6 +53,7 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
     let router = grpc
         .into_axum_router()
         .merge(http::router(core.clone()))
+        .merge(gateway::router(core))
         .fallback(http::fallback)
         .layer(axum::middleware::map_response(http::grpc_limit_error));
     tonic::service::Routes::from(router)

@@ -161,7 +161,8 @@ impl Maintenance for MaintenanceService {
             is_learner,
             storage_version: STORAGE_VERSION.into(),
             db_size_quota: self.core.cfg.quota_backend_bytes as i64,
-            downgrade_info: None,
+            // As etcd: present, not enabled (kvd has no downgrades).
+            downgrade_info: Some(Default::default()),
         }))
     }
 

@@ -174,7 +174,7 @@ impl StreamState {
     }
 }
 
-type WatchOut = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+pub(crate) type WatchOut = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Watch for WatchService {
@@ -184,7 +184,18 @@ impl Watch for WatchService {
         &self,
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let mut input = req.into_inner();
+        Ok(Response::new(self.open(req.into_inner())))
+    }
+}
+
+impl WatchService {
+    /// Serves one watch stream whose requests come from `input` (a gRPC stream, or the JSON
+    /// gateway's). As etcd, the stream goes on after the client closes its side, until the
+    /// client drops the responses.
+    pub(crate) fn open<S>(&self, mut input: S) -> WatchOut
+    where
+        S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
+    {
         let (tx, rx) = mpsc::channel(OUT_BUFFER);
         let store = self.core.backend.store();
         let mut generation = self.core.backend.generation();
@@ -199,17 +210,21 @@ impl Watch for WatchService {
             let mut periodic = tokio::time::interval(interval);
             periodic.tick().await;
             let mut retry = tokio::time::interval(PROGRESS_RETRY);
+            let mut sending = true;
             loop {
                 tokio::select! {
-                    r = input.next() => match r {
+                    r = input.next(), if sending => match r {
                         Some(Ok(req)) => {
                             if !st.handle(req, &tx).await {
                                 return;
                             }
                         }
-                        // The client closed its side or the connection failed.
-                        Some(Err(_)) | None => return,
+                        // The client closed its side: its watchers go on.
+                        None => sending = false,
+                        // The connection failed.
+                        Some(Err(_)) => return,
                     },
+                    _ = tx.closed() => return,
                     r = st.ws.recv() => match r {
                         Some(r) => {
                             if !st.forward(r, &tx).await {
@@ -234,6 +249,6 @@ impl Watch for WatchService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as WatchOut))
+        Box::pin(ReceiverStream::new(rx))
     }
 }

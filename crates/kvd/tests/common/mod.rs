@@ -372,3 +372,24 @@ impl Drop for Proxy {
         self.cut();
     }
 }
+
+/// Two transcripts of the same requests, etcd's and kvd's, answer for answer; on failure, each
+/// pair that differs and kvd's whole transcript.
+pub fn assert_same_answers(want: &[String], got: &[String]) {
+    let diffs: Vec<String> = want
+        .iter()
+        .zip(got)
+        .filter(|(w, g)| w != g)
+        .map(|(w, g)| format!("etcd: {w}\n kvd: {g}\n"))
+        .collect();
+    assert!(
+        diffs.is_empty() && want.len() == got.len(),
+        "{} of {} answers differ ({} vs {} answers):\n{}\nkvd's transcript:\n{}",
+        diffs.len(),
+        want.len(),
+        want.len(),
+        got.len(),
+        diffs.join("\n"),
+        got.join("\n")
+    );
+}

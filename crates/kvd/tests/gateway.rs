@@ -1,0 +1,236 @@
+//! etcd's JSON gateway (`POST /v3/...`) against kvd and against etcd v3.6.5: the same requests
+//! get the same HTTP status and the same JSON (once the ids, terms and clocks that differ
+//! between two servers by design are taken out), streams included.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{Addrs, Proc};
+use serde_json::Value;
+
+/// An HTTP/1.1 request; (status, body). A streamed answer is read for `stream_for` and its
+/// lines returned one per line.
+fn http(
+    url: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    stream_for: Option<Duration>,
+) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    match stream_for {
+        None => {
+            s.read_to_end(&mut raw).unwrap();
+        }
+        Some(d) => {
+            let deadline = Instant::now() + d;
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 4096];
+            while Instant::now() < deadline {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    let resp = String::from_utf8_lossy(&raw).to_string();
+    let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, rest) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        // Each JSON line of a chunked body (chunk sizes dropped).
+        rest.split("\r\n")
+            .flat_map(|p| p.lines())
+            .filter(|l| l.starts_with('{'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        rest.to_string()
+    };
+    (code, body)
+}
+
+/// Takes out what differs between two servers by design: ids, terms, URLs, remaining TTLs and
+/// the status fields that describe the implementation.
+fn scrub(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for k in [
+                "cluster_id",
+                "member_id",
+                "raft_term",
+                "peerURLs",
+                "clientURLs",
+                "TTL_left",
+            ] {
+                m.remove(k);
+            }
+            if m.contains_key("grantedTTL") {
+                m.remove("TTL");
+            }
+            if m.get("name").is_some() && m.contains_key("ID") && m.contains_key("name") {
+                m.remove("ID");
+            }
+            for v in m.values_mut() {
+                scrub(v);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(scrub),
+        _ => {}
+    }
+}
+
+fn normalized(body: &str) -> String {
+    body.lines()
+        .map(|l| match serde_json::from_str::<Value>(l) {
+            Ok(mut v) => {
+                scrub(&mut v);
+                v.to_string()
+            }
+            Err(_) => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// (path, body) posted in order; bodies use base64 keys: Zm9v = "foo", YmFy = "bar".
+const SCRIPT: &[(&str, &str)] = &[
+    ("/v3/kv/put", r#"{"key":"Zm9v","value":"YmFy"}"#),
+    ("/v3/kv/range", r#"{"key":"Zm9v"}"#),
+    ("/v3/kv/range", r#"{"key":"Zm9v","countOnly":true}"#),
+    (
+        "/v3/kv/range",
+        r#"{"key":"Zm9v","sort_order":"DESCEND","revision":"2","bogus":[1]}"#,
+    ),
+    (
+        "/v3/kv/range",
+        r#"{"key":"Zm9v","sort_order":2,"revision":2}"#,
+    ),
+    ("/v3/kv/range", ""),
+    ("/v3/kv/put", r#"{"key":"","value":"YmFy"}"#),
+    ("/v3/kv/range", r#"{"key":"Zm9v","revision":"100"}"#),
+    (
+        "/v3/kv/txn",
+        r#"{"compare":[{"key":"Zm9v","result":"EQUAL","target":"VALUE","value":"YmFy"}],"success":[{"request_range":{"key":"Zm9v"}},{"request_put":{"key":"Zm9v","value":"YmF6","prev_kv":true}}],"failure":[]}"#,
+    ),
+    ("/v3/kv/deleterange", r#"{"key":"Zm9v","prev_kv":true}"#),
+    ("/v3/kv/deleterange", r#"{"key":"bm8="}"#),
+    ("/v3/lease/grant", r#"{"TTL":30,"ID":77}"#),
+    (
+        "/v3/kv/put",
+        r#"{"key":"bGVhc2Vk","value":"dg==","lease":"77"}"#,
+    ),
+    ("/v3/lease/timetolive", r#"{"ID":77,"keys":true}"#),
+    ("/v3/kv/lease/timetolive", r#"{"ID":78}"#),
+    ("/v3/lease/leases", "{}"),
+    ("/v3/lease/revoke", r#"{"ID":78}"#),
+    ("/v3/kv/lease/revoke", r#"{"ID":"77"}"#),
+    ("/v3/kv/range", r#"{"key":"AA==","range_end":"AA=="}"#),
+    ("/v3/kv/compaction", r#"{"revision":3}"#),
+    ("/v3/kv/compaction", r#"{"revision":3}"#),
+    ("/v3/kv/range", r#"{"key":"Zm9v","revision":2}"#),
+    ("/v3/cluster/member/list", "{}"),
+    ("/v3/auth/status", "{}"),
+    ("/v3/auth/user/list", "{}"),
+    ("/v3/auth/role/list", "{}"),
+    ("/v3/auth/user/get", r#"{"name":"nobody"}"#),
+    ("/v3/maintenance/alarm", "{}"),
+    ("/v3/lease/grant", r#"{"TTL":60,"ID":79}"#),
+    ("/v3/lock/lock", r#"{"name":"bGs=","lease":"79"}"#),
+    ("/v3/lock/unlock", r#"{"key":"bGsvNGY="}"#),
+    ("/v3/election/leader", r#"{"name":"ZWw="}"#),
+    (
+        "/v3/election/campaign",
+        r#"{"name":"ZWw=","lease":"79","value":"djE="}"#,
+    ),
+    ("/v3/election/leader", r#"{"name":"ZWw="}"#),
+    ("/v3/nosuch", "{}"),
+];
+
+fn run(url: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, body) in SCRIPT {
+        let (code, resp) = http(url, "POST", path, body, None);
+        out.push(format!("POST {path} {body}\n{code} {}", normalized(&resp)));
+    }
+    // A malformed body: the same status and code (the parser's message is its own).
+    let (code, resp) = http(url, "POST", "/v3/kv/put", "garbage", None);
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    out.push(format!("garbage: {code} code {}", v["code"]));
+    // Not POST.
+    let (code, resp) = http(url, "GET", "/v3/kv/range", "", None);
+    out.push(format!("GET /v3/kv/range\n{code} {}", normalized(&resp)));
+
+    // Streams: two watchers on one stream, then a put; keep-alives for a live and a gone lease.
+    let watch = std::thread::spawn({
+        let url = url.to_string();
+        move || {
+            let body = r#"{"create_request":{"key":"d2F0Y2hlZA==","prev_kv":true}} {"create_request":{"key":"Zm9v","start_revision":1}}"#;
+            http(
+                &url,
+                "POST",
+                "/v3/watch",
+                body,
+                Some(Duration::from_millis(2000)),
+            )
+        }
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    http(
+        url,
+        "POST",
+        "/v3/kv/put",
+        r#"{"key":"d2F0Y2hlZA==","value":"MQ=="}"#,
+        None,
+    );
+    http(
+        url,
+        "POST",
+        "/v3/kv/put",
+        r#"{"key":"d2F0Y2hlZA==","value":"Mg=="}"#,
+        None,
+    );
+    let (code, resp) = watch.join().unwrap();
+    out.push(format!("watch\n{code} {}", normalized(&resp)));
+    let body = r#"{"ID":79} {"ID":80}"#;
+    let (code, resp) = http(
+        url,
+        "POST",
+        "/v3/lease/keepalive",
+        body,
+        Some(Duration::from_millis(1000)),
+    );
+    out.push(format!("keepalive\n{code} {}", normalized(&resp)));
+    out
+}
+
+#[test]
+fn the_json_gateway_answers_as_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Addrs::new("default");
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
+    etcd.wait_ready();
+    let want = run(&e.client);
+    let got = run(&k.client);
+    common::assert_same_answers(&want, &got);
+    // Not vacuous: the watch saw both puts, with the previous value on the second.
+    let watch = want.iter().find(|l| l.starts_with("watch")).unwrap();
+    assert!(watch.contains(r#""prev_kv":{"#), "{watch}");
+}

@@ -1,0 +1,409 @@
+//! etcd's JSON gateway on the client port: `POST /v3/kv/range` and the rest, each the gRPC
+//! method of the same name with its request and response in protobuf's JSON mapping as etcd's
+//! grpc-gateway writes it (proto field names, 64-bit integers as strings, bytes as base64,
+//! enums by name, unset fields left out; either field name accepted in, unknown fields
+//! ignored). Streams (`/v3/watch`, `/v3/lease/keepalive`, `/v3/election/observe`,
+//! `/v3/maintenance/snapshot`) take a sequence of JSON requests in the body and answer one
+//! `{"result": …}` line per response. Errors are `{"code": <gRPC code>, "message": …}` with the
+//! HTTP status grpc-gateway maps the code to.
+//!
+//! Requests are served in-process by the same service implementations gRPC calls reach.
+
+use std::sync::Arc;
+
+use api::etcdserverpb::auth_server::Auth;
+use api::etcdserverpb::cluster_server::Cluster;
+use api::etcdserverpb::kv_server::Kv;
+use api::etcdserverpb::lease_server::Lease;
+use api::etcdserverpb::maintenance_server::Maintenance;
+use api::v3electionpb::election_server::Election;
+use api::v3lockpb::lock_server::Lock;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post, MethodRouter};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Status};
+
+use crate::auth::AuthService;
+use crate::cluster::ClusterService;
+use crate::concurrency::{ElectionService, LockService};
+use crate::kv::KvService;
+use crate::lease::LeaseService;
+use crate::maintenance::MaintenanceService;
+use crate::server::Core;
+use crate::watch::WatchService;
+
+/// grpc-gateway's HTTP status for a gRPC code.
+fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A status as grpc-gateway writes it: `{"code":3,"message":"…"}`.
+fn status_json(s: &Status) -> serde_json::Value {
+    let mut v = serde_json::Map::new();
+    v.insert("code".into(), (s.code() as i32).into());
+    if !s.message().is_empty() {
+        v.insert("message".into(), s.message().into());
+    }
+    serde_json::Value::Object(v)
+}
+
+fn with_headers(mut r: Response, grpc: bool) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // etcd's default --cors (every origin) and the gRPC response header the gateway forwards.
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("accept, content-type, authorization"),
+    );
+    if grpc {
+        h.insert(
+            "grpc-metadata-content-type",
+            HeaderValue::from_static("application/grpc"),
+        );
+    }
+    r
+}
+
+fn error(s: &Status) -> Response {
+    let body = status_json(s).to_string();
+    with_headers((http_status(s.code()), body).into_response(), false)
+}
+
+fn ok<T: Serialize>(v: &T) -> Response {
+    match serde_json::to_string(v) {
+        Ok(body) => with_headers((StatusCode::OK, body).into_response(), true),
+        Err(e) => error(&Status::internal(e.to_string())),
+    }
+}
+
+/// One JSON request; an empty body is the default request, as grpc-gateway's.
+fn decode<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn reply<T: Serialize>(r: Result<tonic::Response<T>, Status>) -> Response {
+    match r {
+        Ok(r) => ok(r.get_ref()),
+        Err(s) => error(&s),
+    }
+}
+
+/// Requests read one after another from a body, as they arrive: a JSON value per request,
+/// separated by nothing or whitespace. Ends at the body's end or at the first request that
+/// does not parse.
+fn requests<T>(body: Body) -> impl Stream<Item = Result<T, Status>> + Send + Unpin + 'static
+where
+    T: DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut chunks = body.into_data_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut done = false;
+        loop {
+            // Every complete value in the buffer.
+            let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<T>();
+            let mut sent = Vec::new();
+            let mut failed = None;
+            for r in it.by_ref() {
+                match r {
+                    Ok(v) => sent.push(v),
+                    // Incomplete: the rest comes with the next chunk.
+                    Err(e) if e.is_eof() && !done => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            // What the values parsed so far took; an incomplete one starts there.
+            let consumed = it.byte_offset();
+            for v in sent {
+                if tx.send(Ok(v)).await.is_err() {
+                    return;
+                }
+            }
+            if let Some(e) = failed {
+                tracing::debug!("gateway stream: a request did not parse: {e}");
+                return;
+            }
+            buf.drain(..consumed);
+            if done {
+                return;
+            }
+            match chunks.next().await {
+                Some(Ok(b)) => buf.extend_from_slice(&b),
+                Some(Err(_)) => return,
+                None => done = true,
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A streamed answer: one `{"result": …}` (or `{"error": …}`) line per response.
+fn streamed<T, S>(out: S) -> Response
+where
+    T: Serialize + Send + 'static,
+    S: Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    let lines = out.map(|r| {
+        let line = match r.map(|v| serde_json::to_string(&v)) {
+            Ok(Ok(v)) => format!("{{\"result\":{v}}}\n"),
+            Ok(Err(e)) => format!(
+                "{{\"error\":{}}}\n",
+                status_json(&Status::internal(e.to_string()))
+            ),
+            Err(s) => format!("{{\"error\":{}}}\n", status_json(&s)),
+        };
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    with_headers(
+        (StatusCode::OK, Body::from_stream(lines)).into_response(),
+        true,
+    )
+}
+
+/// Anything but POST (and a CORS preflight) on a gateway path, as grpc-gateway answers it.
+async fn method_not_allowed(method: Method) -> Response {
+    if method == Method::OPTIONS {
+        return with_headers(StatusCode::OK.into_response(), false);
+    }
+    let mut r = error(&Status::unimplemented("Method Not Allowed"));
+    *r.status_mut() = StatusCode::NOT_IMPLEMENTED;
+    r
+}
+
+async fn not_found() -> Response {
+    error(&Status::not_found("Not Found"))
+}
+
+/// A unary route: `svc.method(request)` with the body as the request.
+macro_rules! unary {
+    ($svc:expr, $method:ident) => {{
+        let svc = $svc.clone();
+        post(move |body: Bytes| {
+            let svc = svc.clone();
+            async move {
+                match decode(&body) {
+                    Ok(req) => reply(svc.$method(tonic::Request::new(req)).await),
+                    Err(s) => error(&s),
+                }
+            }
+        })
+        .fallback(method_not_allowed)
+    }};
+}
+
+/// A server-streaming route: one request in the body, a line per response.
+macro_rules! server_stream {
+    ($svc:expr, $method:ident) => {{
+        let svc = $svc.clone();
+        post(move |body: Bytes| {
+            let svc = svc.clone();
+            async move {
+                let req = match decode(&body) {
+                    Ok(req) => req,
+                    Err(s) => return error(&s),
+                };
+                match svc.$method(tonic::Request::new(req)).await {
+                    Ok(r) => streamed(r.into_inner()),
+                    Err(s) => error(&s),
+                }
+            }
+        })
+        .fallback(method_not_allowed)
+    }};
+}
+
+/// A bidirectional route: requests read from the body as they come, a line per response.
+fn bidi<T, O, S>(open: impl Fn(Requests<T>) -> S + Clone + Send + Sync + 'static) -> MethodRouter
+where
+    T: DeserializeOwned + Send + 'static,
+    O: Serialize + Send + 'static,
+    S: Stream<Item = Result<O, Status>> + Send + 'static,
+{
+    post(move |body: Body| {
+        let open = open.clone();
+        async move { streamed(open(Box::pin(requests::<T>(body)))) }
+    })
+    .fallback(method_not_allowed)
+}
+
+/// The requests of a bidirectional route.
+pub(crate) type Requests<T> =
+    std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Every `/v3/*` route etcd's gateway serves.
+pub fn router(core: &Arc<Core>) -> Router {
+    let kv = KvService::new(core.clone());
+    let watch = WatchService::new(core.clone());
+    let lease = LeaseService::new(core.clone());
+    let cluster = ClusterService::new(core.clone());
+    let mt = MaintenanceService::new(core.clone());
+    let auth = AuthService::new(core.clone());
+    let lock = LockService::new(core.clone());
+    let election = ElectionService::new(core.clone());
+    let keep_alive = {
+        let lease = lease.clone();
+        bidi(move |input| lease.keep_alive(input))
+    };
+    Router::new()
+        .route("/v3/kv/range", unary!(kv, range))
+        .route("/v3/kv/put", unary!(kv, put))
+        .route("/v3/kv/deleterange", unary!(kv, delete_range))
+        .route("/v3/kv/txn", unary!(kv, txn))
+        .route("/v3/kv/compaction", unary!(kv, compact))
+        .route("/v3/watch", bidi(move |input| watch.open(input)))
+        .route("/v3/lease/grant", unary!(lease, lease_grant))
+        .route("/v3/lease/revoke", unary!(lease, lease_revoke))
+        .route("/v3/kv/lease/revoke", unary!(lease, lease_revoke))
+        .route("/v3/lease/keepalive", keep_alive)
+        .route("/v3/lease/timetolive", unary!(lease, lease_time_to_live))
+        .route("/v3/kv/lease/timetolive", unary!(lease, lease_time_to_live))
+        .route("/v3/lease/leases", unary!(lease, lease_leases))
+        .route("/v3/kv/lease/leases", unary!(lease, lease_leases))
+        .route("/v3/cluster/member/add", unary!(cluster, member_add))
+        .route("/v3/cluster/member/remove", unary!(cluster, member_remove))
+        .route("/v3/cluster/member/update", unary!(cluster, member_update))
+        .route("/v3/cluster/member/list", unary!(cluster, member_list))
+        .route(
+            "/v3/cluster/member/promote",
+            unary!(cluster, member_promote),
+        )
+        .route("/v3/maintenance/alarm", unary!(mt, alarm))
+        .route("/v3/maintenance/status", unary!(mt, status))
+        .route("/v3/maintenance/defragment", unary!(mt, defragment))
+        .route("/v3/maintenance/hash", unary!(mt, hash))
+        .route("/v3/maintenance/hashkv", unary!(mt, hash_kv))
+        .route("/v3/maintenance/snapshot", server_stream!(mt, snapshot))
+        .route(
+            "/v3/maintenance/transfer-leadership",
+            unary!(mt, move_leader),
+        )
+        .route("/v3/maintenance/downgrade", unary!(mt, downgrade))
+        .route("/v3/auth/enable", unary!(auth, auth_enable))
+        .route("/v3/auth/disable", unary!(auth, auth_disable))
+        .route("/v3/auth/status", unary!(auth, auth_status))
+        .route("/v3/auth/authenticate", unary!(auth, authenticate))
+        .route("/v3/auth/user/add", unary!(auth, user_add))
+        .route("/v3/auth/user/get", unary!(auth, user_get))
+        .route("/v3/auth/user/list", unary!(auth, user_list))
+        .route("/v3/auth/user/delete", unary!(auth, user_delete))
+        .route("/v3/auth/user/changepw", unary!(auth, user_change_password))
+        .route("/v3/auth/user/grant", unary!(auth, user_grant_role))
+        .route("/v3/auth/user/revoke", unary!(auth, user_revoke_role))
+        .route("/v3/auth/role/add", unary!(auth, role_add))
+        .route("/v3/auth/role/get", unary!(auth, role_get))
+        .route("/v3/auth/role/list", unary!(auth, role_list))
+        .route("/v3/auth/role/delete", unary!(auth, role_delete))
+        .route("/v3/auth/role/grant", unary!(auth, role_grant_permission))
+        .route("/v3/auth/role/revoke", unary!(auth, role_revoke_permission))
+        .route("/v3/lock/lock", unary!(lock, lock))
+        .route("/v3/lock/unlock", unary!(lock, unlock))
+        .route("/v3/election/campaign", unary!(election, campaign))
+        .route("/v3/election/proclaim", unary!(election, proclaim))
+        .route("/v3/election/leader", unary!(election, leader))
+        .route("/v3/election/observe", server_stream!(election, observe))
+        .route("/v3/election/resign", unary!(election, resign))
+        .route("/v3/{*rest}", any(not_found))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader};
+    use api::mvccpb::KeyValue;
+
+    #[test]
+    fn json_is_grpc_gateways() {
+        let r = RangeResponse {
+            header: Some(ResponseHeader {
+                cluster_id: 1,
+                member_id: 2,
+                revision: 3,
+                raft_term: 0,
+            }),
+            kvs: vec![KeyValue {
+                key: b"foo".to_vec(),
+                value: b"bar".to_vec(),
+                create_revision: 2,
+                mod_revision: 2,
+                version: 1,
+                lease: 0,
+            }],
+            count: 1,
+            more: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"header":{"cluster_id":"1","member_id":"2","revision":"3"},"kvs":[{"key":"Zm9v","create_revision":"2","mod_revision":"2","version":"1","value":"YmFy"}],"count":"1"}"#
+        );
+        // Either field name, enums by name or number, integers as strings or numbers, unknown
+        // fields ignored.
+        let q: RangeRequest = decode(
+            br#"{"key":"Zm9v","countOnly":true,"sort_order":"DESCEND","revision":"2","bogus":1}"#,
+        )
+        .unwrap();
+        assert_eq!(q.key, b"foo");
+        assert!(q.count_only);
+        assert_eq!(q.sort_order, 2);
+        assert_eq!(q.revision, 2);
+        let q: RangeRequest = decode(br#"{"sort_order":1,"revision":5}"#).unwrap();
+        assert_eq!((q.sort_order, q.revision), (1, 5));
+        assert_eq!(
+            decode::<RangeRequest>(b"  ").unwrap(),
+            RangeRequest::default()
+        );
+        assert!(decode::<RangeRequest>(br#"{"key":"!!!"}"#).is_err());
+    }
+
+    #[test]
+    fn errors_map_as_grpc_gateway() {
+        assert_eq!(http_status(Code::InvalidArgument), StatusCode::BAD_REQUEST);
+        assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
+        assert_eq!(
+            http_status(Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let s = Status::invalid_argument("etcdserver: key is not provided");
+        assert_eq!(
+            status_json(&s).to_string(),
+            r#"{"code":3,"message":"etcdserver: key is not provided"}"#
+        );
+    }
+}
