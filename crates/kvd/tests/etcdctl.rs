@@ -399,3 +399,97 @@ fn etcdctl_lock_and_elect_print_against_kvd_what_they_print_against_etcd() {
     assert!(want.contains("second holds it"), "{want}");
     assert!(want.contains("el/<id>\np2"), "{want}");
 }
+
+/// The data file's size as `etcdctl endpoint status` reports it.
+fn db_size(endpoint: &str) -> u64 {
+    let s = ctl_ok(endpoint, &["endpoint", "status", "-w", "json"]);
+    let i = s.find("\"dbSize\":").expect("dbSize in status") + "\"dbSize\":".len();
+    s[i..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn etcdctl_defrag_shrinks_the_data_file_while_writes_go_on() {
+    use api::etcdserverpb::{CompactionRequest, DeleteRangeRequest, PutRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let ep = k.endpoint();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 8 MB of values, all deleted and compacted away: the file keeps its size until defrag.
+    rt.block_on(async {
+        let mut kv = common::grpc::kv(&k.client);
+        for i in 0..4000 {
+            let put = PutRequest {
+                key: format!("big{i:05}").into(),
+                value: vec![b'v'; 2000],
+                ..Default::default()
+            };
+            kv.put(put).await.unwrap();
+        }
+        let del = DeleteRangeRequest {
+            key: b"big".to_vec(),
+            range_end: b"bih".to_vec(),
+            ..Default::default()
+        };
+        let rev = kv
+            .delete_range(del)
+            .await
+            .unwrap()
+            .into_inner()
+            .header
+            .unwrap()
+            .revision;
+        let compact = CompactionRequest {
+            revision: rev,
+            physical: true,
+        };
+        kv.compact(compact).await.unwrap();
+    });
+    let before = db_size(&ep);
+
+    // A writer keeps going through the defragmentation; none of its writes fails.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, url) = (stop.clone(), k.client.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let mut kv = common::grpc::kv(&url);
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let put = PutRequest {
+                        key: format!("during{n:06}").into(),
+                        value: b"x".to_vec(),
+                        ..Default::default()
+                    };
+                    kv.put(put).await.expect("a write during defrag");
+                    n += 1;
+                }
+                n
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let out = ctl_ok(&ep, &["defrag"]);
+    assert!(
+        out.starts_with(&format!("Finished defragmenting etcd member[{ep}]")),
+        "{out}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    let after = db_size(&ep);
+    assert!(after * 3 < before, "defrag left {after} of {before} bytes");
+    let count = ctl_ok(
+        &ep,
+        &["get", "during", "--prefix", "--count-only", "-w", "fields"],
+    );
+    assert!(
+        count.contains(&format!("\"Count\" : {written}\n")),
+        "{written} writes: {count}"
+    );
+}

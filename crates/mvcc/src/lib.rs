@@ -33,5 +33,7 @@ pub use error::{Error, Result};
 pub use hash::KvHash;
 pub use kv::is_txn_readonly;
 pub use revision::Rev;
-pub use store::{Applied, RangeOptions, RangeResult, Snapshot, Store, StoreOptions, Writer};
+pub use store::{
+    Applied, Defragmented, RangeOptions, RangeResult, Snapshot, Store, StoreOptions, Writer,
+};
 pub use watch::{WatchResponse, WatchStream};

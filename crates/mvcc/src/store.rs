@@ -167,7 +167,9 @@ pub(crate) struct WriteState {
 }
 
 pub(crate) struct Inner {
-    pub(crate) db: pager::Db,
+    /// The pager file; replaced whole by a defragmentation (readers keep the one they began
+    /// on until they finish).
+    db: RwLock<Arc<pager::Db>>,
     pub(crate) path: PathBuf,
     pub(crate) opts: StoreOptions,
     pub(crate) index: RwLock<Index>,
@@ -183,6 +185,12 @@ pub(crate) struct Inner {
     wake: Signal,
     /// The watchers.
     pub(crate) hub: Hub,
+}
+
+impl Inner {
+    pub(crate) fn db(&self) -> Arc<pager::Db> {
+        self.db.read().clone()
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -229,6 +237,24 @@ fn corrupt(path: &Path, reason: String) -> Error {
     }
 }
 
+/// File sizes before and after a defragmentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defragmented {
+    pub before: u64,
+    pub after: u64,
+}
+
+fn open_db(path: &Path, opts: &StoreOptions) -> Result<pager::Db> {
+    Ok(pager::Db::open(
+        path,
+        pager::Options {
+            freelist: opts.freelist,
+            fill_percent: 0.9,
+            ..Default::default()
+        },
+    )?)
+}
+
 fn be_i64(v: &[u8]) -> Option<i64> {
     Some(i64::from_be_bytes(v.try_into().ok()?))
 }
@@ -237,14 +263,7 @@ impl Store {
     /// Opens (or creates) the store in the pager file at `path`, rebuilding the index from it.
     pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
-        let db = pager::Db::open(
-            &path,
-            pager::Options {
-                freelist: opts.freelist,
-                fill_percent: 0.9,
-                ..Default::default()
-            },
-        )?;
+        let db = open_db(&path, &opts)?;
         {
             let mut tx = db.begin_write()?;
             for b in [KEY_BUCKET, META_BUCKET, LEASE_BUCKET] {
@@ -261,7 +280,7 @@ impl Store {
         let compacted = finished.max(scheduled);
         index.set_compacted(compacted);
         let inner = Arc::new(Inner {
-            db,
+            db: RwLock::new(Arc::new(db)),
             path,
             index: RwLock::new(index),
             lessor: Mutex::new(lessor),
@@ -331,8 +350,51 @@ impl Store {
     }
 
     /// The pager database (stats, size, snapshots).
-    pub fn db(&self) -> &pager::Db {
-        &self.inner.db
+    pub fn db(&self) -> Arc<pager::Db> {
+        self.inner.db()
+    }
+
+    /// etcd's defragmentation, without stopping the world: the live data is copied into a
+    /// fresh, compact file that then replaces the store's. Only the flush of pending writes
+    /// into the pager waits meanwhile; writes go on (into memory, where reads see them) and
+    /// reads go on (on the old file, which stays mapped until its last reader finishes).
+    /// A crash at any point leaves either the old file or the complete new one at `path`.
+    pub fn defragment(&self) -> Result<Defragmented> {
+        let inner = &self.inner;
+        let _no_flush = inner.flushing.lock();
+        let old = inner.db();
+        let before = old.file_size();
+        let tmp = inner.path.with_extension("defrag");
+        let io = |op: &'static str, e: std::io::Error| {
+            Error::Storage(pager::Error::Io {
+                op,
+                path: tmp.clone(),
+                source: e,
+            })
+        };
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {
+                tracing::info!(path = %tmp.display(), "removed an interrupted defragmentation's file")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("remove a stale defragmentation file", e)),
+        }
+        let copied = old.compact_to(&tmp);
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        std::fs::rename(&tmp, &inner.path).map_err(|e| io("replace the data file", e))?;
+        if let Some(dir) = inner.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io("sync the data directory", e))?;
+        }
+        let fresh = Arc::new(open_db(&inner.path, &inner.opts)?);
+        let after = fresh.file_size();
+        *inner.db.write() = fresh;
+        tracing::info!(path = %inner.path.display(), before, after, "defragmented");
+        Ok(Defragmented { before, after })
     }
 
     /// A consistent read view at the current revision.
@@ -360,7 +422,7 @@ impl Store {
     /// Flushes and fsyncs: everything written so far survives a crash.
     pub fn sync(&self) -> Result<()> {
         self.inner.flush()?;
-        self.inner.db.sync()?;
+        self.inner.db().sync()?;
         Ok(())
     }
 
@@ -393,7 +455,7 @@ impl Store {
         self.inner.wake.stop();
         let _ = h.join();
         self.inner.flush()?;
-        self.inner.db.sync()?;
+        self.inner.db().sync()?;
         Ok(())
     }
 }
@@ -511,7 +573,7 @@ impl Inner {
     /// view lock, so the pending batches and the pager snapshot cover every revision up to it.
     pub(crate) fn reader(&self) -> Result<(Reader, i64)> {
         let v = self.view.read();
-        let txn = self.db.begin_read()?;
+        let txn = self.db().begin_read()?;
         let reader = Reader {
             pendings: v.pendings.clone(),
             txn,
@@ -572,7 +634,8 @@ impl Inner {
         leases: &std::collections::BTreeMap<i64, Option<[u8; 16]>>,
         job: &mut Option<CompactJob>,
     ) -> Result<()> {
-        let mut tx = self.db.begin_write()?;
+        let db = self.db();
+        let mut tx = db.begin_write()?;
         if !leases.is_empty() {
             let mut b = tx.bucket(LEASE_BUCKET)?;
             for (id, v) in leases {

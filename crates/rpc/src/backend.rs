@@ -40,6 +40,8 @@ pub struct Backend {
     store: RwLock<Arc<Store>>,
     /// Bumped by every restore: watch streams on the old store end, so clients re-watch.
     generation: tokio::sync::watch::Sender<u64>,
+    /// Held by a restore or a defragmentation: each replaces the file at `path`.
+    replacing: parking_lot::Mutex<()>,
 }
 
 impl Backend {
@@ -52,6 +54,7 @@ impl Backend {
             opts,
             store: RwLock::new(Arc::new(store)),
             generation: tokio::sync::watch::Sender::new(0),
+            replacing: parking_lot::Mutex::new(()),
         })
     }
 
@@ -69,11 +72,18 @@ impl Backend {
     pub fn dump(&self) -> io::Result<Dump> {
         let store = self.store();
         store.flush().map_err(storage)?;
-        Dump::new(store.db())
+        Dump::new(&store.db())
+    }
+
+    /// Defragments the store's file (see [`Store::defragment`]): reads and writes go on.
+    pub fn defragment(&self) -> mvcc::Result<mvcc::Defragmented> {
+        let _one = self.replacing.lock();
+        self.store().defragment()
     }
 
     /// Replaces the store with a dump's contents, recorded as applied up to `applied`.
     pub fn restore(&self, data: &mut dyn Read, applied: Applied) -> io::Result<()> {
+        let _one = self.replacing.lock();
         let tmp = self.path.with_extension("restore");
         restore_file(data, &tmp, &self.opts)?;
         let mut slot = self.store.write();

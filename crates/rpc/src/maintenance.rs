@@ -166,13 +166,21 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
+    /// etcd's defragment is this member's alone (not through consensus); kvd's lets reads and
+    /// writes go on while it copies.
     async fn defragment(
         &self,
         _req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        Err(Status::unimplemented(
-            "kvd: defragment is not implemented yet",
-        ))
+        let backend = self.core.backend.clone();
+        tokio::task::spawn_blocking(move || backend.defragment())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| error::mvcc(&e))?;
+        let rev = self.core.backend.store().rev();
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.core.header(rev)),
+        }))
     }
 
     async fn hash(&self, _req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
