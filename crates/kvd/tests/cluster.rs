@@ -239,8 +239,23 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
         out.stdout == b"v\n"
     });
     // A learner refuses linearizable requests, as etcd's.
-    let refused = common::ctl(&d.endpoint(), &["put", "x", "y"]);
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("rpc not supported for learner"));
+    // It serves serializable reads and Status only (etcd's interceptor rule): writes, leases,
+    // member and alarm calls are refused; status answers.
+    for args in [
+        &["put", "x", "y"][..],
+        &["lease", "grant", "10"],
+        &["member", "list"],
+        &["alarm", "list"],
+    ] {
+        let refused = common::ctl(&d.endpoint(), args);
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("rpc not supported for learner"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+    let status = common::ctl_ok(&d.endpoint(), &["endpoint", "status", "-w", "json"]);
+    assert!(status.contains("\"isLearner\":true"), "{status}");
     // It publishes its name and client URLs once started; every member sees one list.
     let want = format!("{id}, started, d, {}, {}, true", d.peer, d.client);
     pd.wait_for("the learner's attributes", 10, || {

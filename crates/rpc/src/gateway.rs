@@ -95,7 +95,7 @@ fn with_headers(mut r: Response, grpc: bool) -> Response {
     r
 }
 
-fn error(s: &Status) -> Response {
+pub(crate) fn error(s: &Status) -> Response {
     let body = status_json(s).to_string();
     with_headers((http_status(s.code()), body).into_response(), false)
 }

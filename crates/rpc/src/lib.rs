@@ -50,13 +50,43 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(Arc::downgrade(core), health));
     let grpc = grpc_services(core).add_service(health_service);
+    let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);
     let router = grpc
         .into_axum_router()
-        .merge(http::router(core.clone()))
         .merge(gateway::router(core))
+        .layer(gate)
+        .merge(http::router(core.clone()))
         .fallback(http::fallback)
         .layer(axum::middleware::map_response(http::grpc_limit_error));
     tonic::service::Routes::from(router)
+}
+
+/// What a learner serves, as etcd's interceptors allow it: Status, Snapshot and Range (the KV
+/// service refuses a linearizable Range itself), over gRPC or the JSON gateway.
+const LEARNER_SERVES: &[&str] = &[
+    "/etcdserverpb.Maintenance/Status",
+    "/etcdserverpb.Maintenance/Snapshot",
+    "/etcdserverpb.KV/Range",
+    "/v3/maintenance/status",
+    "/v3/maintenance/snapshot",
+    "/v3/kv/range",
+];
+
+/// etcd's learner rule for every other gRPC and gateway call: "rpc not supported for learner".
+async fn learner_gate(
+    axum::extract::State(core): axum::extract::State<Arc<Core>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = req.uri().path();
+    if LEARNER_SERVES.contains(&path) || !core.node.is_learner() {
+        return next.run(req).await;
+    }
+    let refused = error::not_supported_for_learner();
+    if path.starts_with("/v3/") {
+        return gateway::error(&refused);
+    }
+    axum::response::IntoResponse::into_response(refused.into_http::<axum::body::Body>())
 }
 
 /// `grpc.health.v1.Health` for the empty service name: SERVING while this member has a
