@@ -1028,7 +1028,11 @@ impl<O: Send + 'static> Driver<O> {
             }
         }
         let mut st = self.shared.status.lock();
-        st.leader = (r.leader_id != 0).then_some(r.leader_id);
+        let leader = (r.leader_id != 0).then_some(r.leader_id);
+        if leader.is_some() && leader != st.leader {
+            crate::metrics::LEADER_CHANGES.inc();
+        }
+        st.leader = leader;
         st.term = r.term;
         st.role = role;
         st.commit = r.raft_log.committed;

@@ -86,6 +86,8 @@ const CHUNK: usize = 1 << 20;
 /// The largest gRPC message either side accepts (a batch, a chunk).
 pub const MAX_MESSAGE: usize = 64 << 20;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a peer's round trip is measured (etcd's prober: 5 s).
+const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
@@ -224,6 +226,10 @@ impl Peer for PeerService {
                         .await;
                     break;
                 }
+                let bytes: usize = batch.messages.iter().map(Vec::len).sum();
+                crate::metrics::PEER_RECEIVED_BYTES
+                    .with_label_values(&[&crate::metrics::peer(from)])
+                    .inc_by(bytes as u64);
                 for raw in &batch.messages {
                     match Message::parse_from_bytes(raw) {
                         Ok(m) if m.to == me.id && m.get_msg_type() != MessageType::MsgSnapshot => {
@@ -273,6 +279,11 @@ impl Peer for PeerService {
             cluster_id: self.cluster_id,
             members,
         }))
+    }
+
+    async fn probe(&self, req: Request<Hello>) -> Result<Response<Hello>, Status> {
+        self.admit(req.metadata())?;
+        Ok(Response::new(self.hello()))
     }
 
     async fn snapshot(
@@ -422,6 +433,9 @@ impl Transport for GrpcTransport {
                 continue;
             };
             if p.tx.try_send(m).is_err() {
+                crate::metrics::PEER_SENT_FAILURES
+                    .with_label_values(&[&crate::metrics::peer(to)])
+                    .inc();
                 if let Some(r) = &self.reporter {
                     r.unreachable(to);
                 }
@@ -575,6 +589,8 @@ async fn stream_to(
         .await
         .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
     errors.lock().remove(&to);
+    let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
+    let _prober = Prober(tokio::spawn(probe(ident, to, url.to_string())));
     loop {
         tokio::select! {
             m = rx.recv() => {
@@ -594,6 +610,7 @@ async fn stream_to(
                     next = if bytes < BATCH_BYTES { rx.try_recv().ok() } else { None };
                 }
                 btx.send(batch).await.map_err(|_| format!("stream to {url} closed"))?;
+                sent.inc_by(bytes as u64);
             }
             r = resp.message() => {
                 return Err(match r {
@@ -601,6 +618,37 @@ async fn stream_to(
                     Err(s) => refused(url, s),
                 });
             }
+        }
+    }
+}
+
+/// Stops a peer's prober when its stream ends.
+struct Prober(tokio::task::JoinHandle<()>);
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// etcd's peer prober: every few seconds, the round trip of a small request on a connection of
+/// its own, into `etcd_network_peer_round_trip_time_seconds`.
+async fn probe(ident: Ident, to: u64, url: String) {
+    let rtt = crate::metrics::PEER_RTT.with_label_values(&[&crate::metrics::peer(to)]);
+    let mut tick = tokio::time::interval(PROBE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    loop {
+        tick.tick().await;
+        if client.is_none() {
+            client = connect(&url).await.ok();
+        }
+        let Some(c) = client.as_mut() else { continue };
+        let t = std::time::Instant::now();
+        let req = request(Hello::default(), ident.cluster, ident.me, to);
+        match tokio::time::timeout(OPEN_TIMEOUT, c.probe(req)).await {
+            Ok(Ok(_)) => rtt.observe(t.elapsed().as_secs_f64()),
+            _ => client = None,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod grpc;
 mod log;
 mod logger;
 pub mod member;
+pub mod metrics;
 mod node;
 pub mod snap;
 pub mod transport;

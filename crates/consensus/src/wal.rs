@@ -574,7 +574,9 @@ impl Wal {
         }
         io("write", path, self.file.write_all_at(buf, self.offset))?;
         if sync {
+            let t = std::time::Instant::now();
             io("fdatasync", path, self.file.sync_data())?;
+            crate::metrics::WAL_FSYNC.observe(t.elapsed().as_secs_f64());
         }
         self.offset = end;
         Ok(())

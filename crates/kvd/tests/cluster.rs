@@ -203,6 +203,35 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
         "{} writes acknowledged ({before_kill} before the kill), {failures} failed during the election",
         acked.len()
     );
+    // Each member measures its peers (etcd's prober) and counts the bytes it sends them.
+    let list = common::ctl_ok(&ms[new].endpoint(), &["member", "list"]);
+    let id_of = |name: &str| {
+        list.lines()
+            .find(|l| l.split(", ").nth(2) == Some(name))
+            .and_then(|l| l.split(',').next())
+            .expect("every member listed")
+            .to_string()
+    };
+    let (code, metrics) = common::http_get(&ms[new].client, "/metrics");
+    assert_eq!(code, 200);
+    for (i, other) in ms.iter().enumerate() {
+        if i == new {
+            continue;
+        }
+        let id = id_of(&other.name);
+        for name in [
+            "etcd_network_peer_round_trip_time_seconds_count",
+            "etcd_network_peer_sent_bytes_total",
+        ] {
+            let sample = format!("{name}{{To=\"{id}\"}} ");
+            let value: f64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&sample))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            assert!(value > 0.0, "{sample} in:\n{metrics}");
+        }
+    }
 }
 
 #[test]

@@ -2,31 +2,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use api::etcdserverpb::PutRequest;
-use common::{grpc, Proc};
-
-/// A GET over HTTP/1.1: (status code, body).
-fn get(client_url: &str, path: &str) -> (u16, String) {
-    let addr = client_url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = resp
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (code, body)
-}
+use common::{grpc, http_get as get, Proc};
 
 #[test]
 fn http_endpoints_and_grpc_health_answer_as_etcds() {
@@ -53,12 +30,22 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
         "etcd_server_is_leader 1",
         "etcd_debugging_mvcc_current_revision 2",
         "# TYPE etcd_mvcc_db_total_size_in_bytes gauge",
+        "# TYPE etcd_disk_wal_fsync_duration_seconds histogram",
+        "# TYPE etcd_disk_backend_commit_duration_seconds histogram",
+        "etcd_server_leader_changes_seen_total 1",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
             "{line} missing from:\n{metrics}"
         );
     }
+    // The put was fsynced to the WAL: the histogram has samples.
+    let fsyncs: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_disk_wal_fsync_duration_seconds_count "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(fsyncs > 0, "{metrics}");
     assert_eq!(get(&m.client, "/nope").0, 404);
 
     // gRPC health follows the leader (polled every 100 ms): SERVING once there is one.

@@ -34,6 +34,7 @@ pub use hash::KvHash;
 pub use kv::is_txn_readonly;
 pub use revision::Rev;
 pub use store::{
-    Applied, Defragmented, RangeOptions, RangeResult, Snapshot, Store, StoreOptions, Writer,
+    init_metrics, Applied, Defragmented, RangeOptions, RangeResult, Snapshot, Store, StoreOptions,
+    Writer,
 };
 pub use watch::{WatchResponse, WatchStream};

@@ -393,3 +393,24 @@ pub fn assert_same_answers(want: &[String], got: &[String]) {
         got.join("\n")
     );
 }
+
+/// A GET over HTTP/1.1: (status code, body).
+pub fn http_get(client_url: &str, path: &str) -> (u16, String) {
+    let addr = client_url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (code, body)
+}
