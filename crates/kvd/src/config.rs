@@ -150,6 +150,22 @@ pub struct ServeFlags {
         default_value = "10m"
     )]
     pub watch_progress_notify_interval: String,
+    /// Lease checkpoints: the leader records leases' remaining TTLs through consensus, so a
+    /// leader change does not restart them from their full TTL. etcd's flag (off by default
+    /// there); kvd turns it on by default. `--experimental-enable-lease-checkpoint=false`
+    /// turns it off.
+    #[arg(
+        long,
+        env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT",
+        default_value = "true",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub experimental_enable_lease_checkpoint: bool,
+    /// kvd's: how often the leader checkpoints leases (etcd's fixed interval is 5 minutes).
+    #[arg(long, env = "KVD_LEASE_CHECKPOINT_INTERVAL", default_value = "5m")]
+    pub lease_checkpoint_interval: String,
     /// kvd's: the pager's free-page algorithm, `hashmap` (default) or `array` (bbolt's). etcd's
     /// `--backend-bbolt-freelist-type` (`map`, `array`) is accepted too.
     #[arg(

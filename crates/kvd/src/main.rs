@@ -230,6 +230,12 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
         .map_err(|e| format!("--watch-progress-notify-interval: {e}"))?;
     server.auto_compaction =
         rpc::AutoCompaction::parse(&f.auto_compaction_mode, &f.auto_compaction_retention)?;
+    let every = rpc::parse_duration(&f.lease_checkpoint_interval)
+        .map_err(|e| format!("--lease-checkpoint-interval: {e}"))?;
+    if every.is_zero() {
+        return Err("--lease-checkpoint-interval: must be more than 0".into());
+    }
+    server.lease_checkpoint_interval = f.experimental_enable_lease_checkpoint.then_some(every);
     let freelist = match f.freelist_type.as_str() {
         "map" => pager::FreelistKind::Hashmap,
         other => other

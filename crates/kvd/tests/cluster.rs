@@ -15,7 +15,14 @@ use common::{grpc, Addrs, Proc};
 #[derive(Default)]
 struct Acked(std::sync::Mutex<BTreeMap<String, String>>);
 
-const FAST: &[&str] = &["--heartbeat-interval", "50", "--election-timeout", "500"];
+const FAST: &[&str] = &[
+    "--heartbeat-interval",
+    "50",
+    "--election-timeout",
+    "500",
+    "--lease-checkpoint-interval",
+    "500ms",
+];
 
 fn start(m: &Addrs, dir: &std::path::Path, all: &[Addrs]) -> Proc {
     Proc::kvd(m, &dir.join(&m.name), all, "new", FAST)
@@ -116,6 +123,16 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
     }
     let mut live = vec![true; 3];
     let old = rt.block_on(leader(&ms, &live));
+    // A 60 s lease, checkpointed every 500 ms while its clock runs on this leader.
+    const LEASE: i64 = 0x60;
+    rt.block_on(async {
+        let grant = api::etcdserverpb::LeaseGrantRequest { ttl: 60, id: LEASE };
+        api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&ms[old].client))
+            .lease_grant(grant)
+            .await
+            .unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(2500));
 
     let acked = Arc::new(Acked::default());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -128,6 +145,25 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
     live[old] = false;
     let new = rt.block_on(leader(&ms, &live));
     assert_ne!(new, old);
+    // The new leader restarts the lease from its last checkpoint (about 56 s left, plus an
+    // election timeout), not from the full 60 s.
+    let ttl = rt.block_on(async {
+        let req = api::etcdserverpb::LeaseTimeToLiveRequest {
+            id: LEASE,
+            keys: false,
+        };
+        api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&ms[new].client))
+            .lease_time_to_live(req)
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert_eq!(ttl.granted_ttl, 60);
+    assert!(
+        ttl.ttl > 30 && ttl.ttl <= 58,
+        "remaining TTL after the leader change: {}",
+        ttl.ttl
+    );
     // The new leader serves writes: acknowledgements keep coming (a writer whose request was
     // in flight at the dead leader waits out its timeout first).
     let at_election = acked.0.lock().unwrap().len();

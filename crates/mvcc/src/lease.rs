@@ -21,6 +21,15 @@ use crate::store::{Store, Writer};
 /// etcd's largest TTL (seconds).
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 
+/// A renewal's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewed {
+    /// The lease's TTL, which its clock restarted from.
+    pub ttl: i64,
+    /// It had a checkpointed remaining TTL, which every member must now forget.
+    pub checkpointed: bool,
+}
+
 /// One granted lease.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Lease {
@@ -184,19 +193,25 @@ impl Writer<'_> {
 }
 
 impl Store {
-    /// LeaseKeepAlive on the primary: restarts the lease's clock; returns its TTL.
-    pub fn lease_renew(&self, id: i64, now: Instant) -> Result<i64> {
+    /// LeaseKeepAlive on the primary: restarts the lease's clock. A lease with a checkpointed
+    /// remaining TTL restarts from its full TTL here at once; the server clears the checkpoint
+    /// on every member through consensus (`Renewed::checkpointed`), as etcd does.
+    pub fn lease_renew(&self, id: i64, now: Instant) -> Result<Renewed> {
         let mut le = self.inner.lessor.lock();
         let primary = le.primary;
         let lease = le.leases.get_mut(&id).ok_or(Error::LeaseNotFound)?;
         if primary && lease.expiry.is_some_and(|e| e <= now) {
             return Err(Error::LeaseNotFound);
         }
+        let checkpointed = lease.remaining > 0;
         lease.remaining = 0;
         if primary {
             lease.expiry = Some(now + Duration::from_secs(lease.ttl as u64));
         }
-        Ok(lease.ttl)
+        Ok(Renewed {
+            ttl: lease.ttl,
+            checkpointed,
+        })
     }
 
     /// LeaseTimeToLive: remaining and granted TTL, and the keys when asked; TTL -1 for a lease

@@ -101,6 +101,12 @@ fn leases_and_attachments_survive_restart() {
     let now = Instant::now();
     store.lease_promote(now, Duration::ZERO);
     assert_eq!(store.lease_time_to_live(1, false, now).ttl, 12);
+    // Renewing restarts from the full TTL and tells the caller to clear the checkpoint.
+    let r = store.lease_renew(1, now).unwrap();
+    assert_eq!((r.ttl, r.checkpointed), (30, true));
+    assert_eq!(store.lease_time_to_live(1, false, now).ttl, 30);
+    store.write().unwrap().lease_checkpoint(1, 0).unwrap();
+    assert!(!store.lease_renew(1, now).unwrap().checkpointed);
     store.write().unwrap().lease_revoke(1).unwrap();
     assert!(keys(&store).is_empty());
 }
@@ -129,7 +135,10 @@ fn expiry_is_reported_by_the_primary_only() {
     // A renewal restarts the clock.
     assert_eq!(
         store.lease_renew(6, t0 + Duration::from_secs(50)).unwrap(),
-        100
+        mvcc::lease::Renewed {
+            ttl: 100,
+            checkpointed: false
+        }
     );
     assert_eq!(store.expired_leases(t0 + Duration::from_secs(120), 10), [5]);
     assert_eq!(

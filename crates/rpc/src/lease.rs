@@ -57,7 +57,14 @@ impl LeaseService {
         if self.core.is_leader() {
             *fwd = None;
             return match self.core.backend.store().lease_renew(id, Instant::now()) {
-                Ok(ttl) => Ok(ttl),
+                Ok(r) => {
+                    if r.checkpointed {
+                        // As etcd: every member forgets the checkpoint, so a later leader
+                        // restarts this lease from its full TTL, not from a stale remainder.
+                        self.core.checkpoint_leases(vec![(id, 0)]);
+                    }
+                    Ok(r.ttl)
+                }
                 // etcd answers an unknown lease with TTL 0.
                 Err(mvcc::Error::LeaseNotFound) => Ok(0),
                 Err(e) => Err(error::mvcc(&e)),

@@ -24,6 +24,11 @@ const EXPIRY_INTERVAL: Duration = Duration::from_millis(500);
 /// Expired leases revoked per round (etcd's leaseRevokeRate is 1000/s).
 const REVOKES_PER_ROUND: usize = 500;
 
+/// etcd's lease checkpoint interval.
+pub const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
+/// Leases per checkpoint proposal (etcd's maxLeaseCheckpointBatchSize).
+const CHECKPOINT_BATCH: usize = 1000;
+
 /// The version kvd reports where etcd reports its own: the etcd API level it implements.
 pub const ETCD_API_VERSION: &str = "3.6.0";
 /// The storage version etcd 3.6 reports in Status.
@@ -50,6 +55,9 @@ pub struct ServerConfig {
     pub watch_progress_notify_interval: Duration,
     /// `--auto-compaction-mode` and `--auto-compaction-retention`.
     pub auto_compaction: crate::AutoCompaction,
+    /// How often the leader checkpoints leases' remaining TTLs (None: never), so a leader
+    /// change does not restart them from their full TTL (etcd's LeaseCheckpoint feature).
+    pub lease_checkpoint_interval: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -64,6 +72,7 @@ impl ServerConfig {
             election_timeout: Duration::from_secs(1),
             watch_progress_notify_interval: crate::watch::PROGRESS_NOTIFY_INTERVAL,
             auto_compaction: crate::AutoCompaction::Off,
+            lease_checkpoint_interval: Some(LEASE_CHECKPOINT_INTERVAL),
         }
     }
 }
@@ -198,6 +207,28 @@ impl Core {
         self.node.leader().1 == Role::Leader
     }
 
+    /// Proposes checkpoints of leases' remaining TTLs, in the background (a failure only
+    /// means a later leader restarts those leases from an older remainder).
+    pub fn checkpoint_leases(self: &Arc<Self>, remaining: Vec<(i64, i64)>) {
+        for batch in remaining.chunks(CHECKPOINT_BATCH) {
+            let req = api::etcdserverpb::LeaseCheckpointRequest {
+                checkpoints: batch
+                    .iter()
+                    .map(|&(id, remaining_ttl)| api::etcdserverpb::LeaseCheckpoint {
+                        id,
+                        remaining_ttl,
+                    })
+                    .collect(),
+            };
+            let core = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = core.propose(Op::LeaseCheckpoint(req)).await {
+                    tracing::debug!("lease checkpoint failed: {}", e.message());
+                }
+            });
+        }
+    }
+
     /// A client connection to the leader's first client URL (for requests only the leader
     /// serves), reused while the leader stays.
     pub fn leader_channel(&self) -> Result<tonic::transport::Channel, Status> {
@@ -233,6 +264,7 @@ pub async fn background(core: std::sync::Weak<Core>) {
     }
     let mut leading = false;
     let mut published = false;
+    let mut last_checkpoint = Instant::now();
     let mut tick = tokio::time::interval(EXPIRY_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -250,6 +282,21 @@ pub async fn background(core: std::sync::Weak<Core>) {
                 store.lease_promote(Instant::now(), core.cfg.election_timeout);
             } else {
                 store.lease_demote();
+            }
+        }
+        let checkpoint_due = core
+            .cfg
+            .lease_checkpoint_interval
+            .is_some_and(|every| last_checkpoint.elapsed() >= every);
+        if checkpoint_due {
+            last_checkpoint = Instant::now();
+            if leading {
+                let remaining: Vec<(i64, i64)> = store
+                    .lease_remaining(Instant::now())
+                    .into_iter()
+                    .filter(|&(_, left)| left > 0)
+                    .collect();
+                core.checkpoint_leases(remaining);
             }
         }
         if leading {
