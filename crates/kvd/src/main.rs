@@ -306,8 +306,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let db = p.member_dir.join("snap").join("db");
     let backend = Arc::new(Backend::open(&db, p.store.clone()).map_err(|e| e.to_string())?);
-    let alarms = rpc::Alarms::default();
-    let sm = KvStateMachine::new(backend.clone(), alarms.clone());
+    let sm = KvStateMachine::new(backend.clone());
     // Listeners first: a port in use fails before anything is written.
     let (peer_ls, client_ls) = rt.block_on(async {
         Ok::<_, String>((
@@ -318,7 +317,7 @@ fn serve(f: ServeFlags) -> Result<()> {
     let transport = GrpcTransport::new(p.cluster_id, p.id, rt.handle().clone());
     let node = RaftNode::start(p.raft, p.start, sm, transport).map_err(|e| e.to_string())?;
     let inbox = node.inbox();
-    let core = Core::new(node, backend, alarms, p.server, p.cluster_id);
+    let core = Core::new(node, backend, p.server, p.cluster_id);
     tracing::info!(name = %p.name, member = %format!("{:x}", p.id), cluster = %format!("{:x}", p.cluster_id), "kvd started");
 
     let (stop_tx, stop_rx) = watch::channel(false);

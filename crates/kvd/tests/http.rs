@@ -159,4 +159,35 @@ fn writes_past_the_quota_raise_nospace_and_are_refused_reads_and_deletes_go_on()
     let (code, body) = get(&m.client, "/health");
     assert_eq!(code, 503);
     assert!(body.contains("NOSPACE"), "{body}");
+
+    // The alarm is stored: it stands after a clean restart (which replays nothing).
+    assert!(p.terminate().success(), "{}", p.log_tail());
+    let mut p = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &["--quota-backend-bytes", &quota],
+    );
+    p.wait_ready();
+    let alarms = common::ctl_ok(&ep, &["alarm", "list"]);
+    assert!(alarms.contains("alarm:NOSPACE"), "after restart: {alarms}");
+    assert!(!common::ctl(&ep, &["put", "small", "v"]).status.success());
+
+    // etcd's way out: delete, compact, defragment, disarm; then writes work again.
+    common::ctl_ok(&ep, &["del", "k", "--prefix"]);
+    let rev = common::ctl_ok(&ep, &["get", "k", "-w", "json"]);
+    let rev = rev
+        .split("\"revision\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .unwrap()
+        .to_string();
+    common::ctl_ok(&ep, &["compaction", &rev, "--physical"]);
+    common::ctl_ok(&ep, &["defrag"]);
+    let disarmed = common::ctl_ok(&ep, &["alarm", "disarm"]);
+    assert!(disarmed.contains("alarm:NOSPACE"), "{disarmed}");
+    assert_eq!(common::ctl_ok(&ep, &["alarm", "list"]), "");
+    common::ctl_ok(&ep, &["put", "small", "v"]);
+    assert_eq!(get(&m.client, "/health").0, 200);
 }

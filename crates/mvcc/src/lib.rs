@@ -18,6 +18,7 @@
 //! assert_eq!(got.kvs[0].version, 1);
 //! ```
 
+mod alarm;
 mod error;
 mod hash;
 pub mod index;

@@ -33,6 +33,7 @@ use crate::watch::Hub;
 pub(crate) const KEY_BUCKET: &[u8] = b"key";
 pub(crate) const META_BUCKET: &[u8] = b"meta";
 pub(crate) const LEASE_BUCKET: &[u8] = b"lease";
+pub(crate) const ALARM_BUCKET: &[u8] = b"alarm";
 const CONSISTENT_INDEX: &[u8] = b"consistent_index";
 const TERM: &[u8] = b"term";
 const SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
@@ -176,6 +177,8 @@ pub(crate) struct Inner {
     state: Mutex<WriteState>,
     /// Leases; taken after `state` when both are needed.
     pub(crate) lessor: Mutex<Lessor>,
+    /// Alarms; taken after `state` when both are needed.
+    pub(crate) alarms: Mutex<crate::alarm::AlarmSet>,
     view: RwLock<View>,
     /// Held by the one flush in progress; owns the compaction job.
     flushing: Mutex<Option<CompactJob>>,
@@ -257,6 +260,13 @@ pub fn init_metrics() {
     std::sync::LazyLock::force(&BACKEND_COMMIT);
 }
 
+/// What a flush writes besides revisions: lease and alarm changes.
+#[derive(Clone, Copy)]
+struct Side<'a> {
+    leases: &'a std::collections::BTreeMap<i64, Option<[u8; 16]>>,
+    alarms: &'a std::collections::BTreeMap<(u64, i32), bool>,
+}
+
 /// File sizes before and after a defragmentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Defragmented {
@@ -286,12 +296,13 @@ impl Store {
         let db = open_db(&path, &opts)?;
         {
             let mut tx = db.begin_write()?;
-            for b in [KEY_BUCKET, META_BUCKET, LEASE_BUCKET] {
+            for b in [KEY_BUCKET, META_BUCKET, LEASE_BUCKET, ALARM_BUCKET] {
                 tx.create_bucket_if_missing(b)?;
             }
             tx.commit()?;
         }
         let (mut index, rev, finished, scheduled, applied, mut lessor) = restore(&db, &path)?;
+        let raised = crate::alarm::restore(&db, &path)?;
         lessor.min_ttl = opts.min_lease_ttl;
         let pending = Arc::new(Pending::default());
         // A compaction scheduled but not finished resumes: logically at once, physically in
@@ -304,6 +315,10 @@ impl Store {
             path,
             index: RwLock::new(index),
             lessor: Mutex::new(lessor),
+            alarms: Mutex::new(crate::alarm::AlarmSet {
+                raised,
+                ..Default::default()
+            }),
             state: Mutex::new(WriteState {
                 rev,
                 compacted,
@@ -604,17 +619,19 @@ impl Inner {
     /// One flush: the pending batch, the applied index, and one step of a compaction under way.
     fn flush(&self) -> Result<()> {
         let mut job = self.flushing.lock();
-        let (taken, applied, new_compaction, leases) = {
+        let (taken, applied, new_compaction, leases, alarms) = {
             let mut st = self.state.lock();
             if let Some(f) = &st.failed {
                 return Err(Error::Stopped(f.clone()));
             }
             let leases = std::mem::take(&mut self.lessor.lock().dirty);
+            let alarms = std::mem::take(&mut self.alarms.lock().dirty);
             if st.pending_len == 0
                 && st.applied == st.persisted
                 && st.new_compaction.is_none()
                 && job.is_none()
                 && leases.is_empty()
+                && alarms.is_empty()
             {
                 return Ok(());
             }
@@ -622,9 +639,13 @@ impl Inner {
             let taken = std::mem::replace(&mut st.pending, fresh.clone());
             st.pending_len = 0;
             self.view.write().pendings.push(fresh);
-            (taken, st.applied, st.new_compaction.take(), leases)
+            (taken, st.applied, st.new_compaction.take(), leases, alarms)
         };
-        let result = self.write_flush(&taken, applied, new_compaction, &leases, &mut job);
+        let side = Side {
+            leases: &leases,
+            alarms: &alarms,
+        };
+        let result = self.write_flush(&taken, applied, new_compaction, side, &mut job);
         match result {
             Ok(()) => {
                 self.view
@@ -651,11 +672,23 @@ impl Inner {
         taken: &Pending,
         applied: Applied,
         new_compaction: Option<i64>,
-        leases: &std::collections::BTreeMap<i64, Option<[u8; 16]>>,
+        side: Side<'_>,
         job: &mut Option<CompactJob>,
     ) -> Result<()> {
         let db = self.db();
         let mut tx = db.begin_write()?;
+        let leases = side.leases;
+        if !side.alarms.is_empty() {
+            let mut b = tx.bucket(ALARM_BUCKET)?;
+            for (&(member, alarm), &raised) in side.alarms {
+                let k = crate::alarm::key(member, alarm);
+                if raised {
+                    b.put(&k, &[])?;
+                } else {
+                    b.delete(&k)?;
+                }
+            }
+        }
         if !leases.is_empty() {
             let mut b = tx.bucket(LEASE_BUCKET)?;
             for (id, v) in leases {

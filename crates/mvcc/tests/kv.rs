@@ -433,3 +433,24 @@ fn defragment_shrinks_the_file_while_reads_and_writes_go_on() {
     assert_eq!(store.hash_kv(rev).unwrap().hash, hash.hash);
     assert!(!dir.path().join("db.defrag").exists());
 }
+
+/// Alarms persist with the flush that carries them: raised ones survive a reopen, cleared ones
+/// stay cleared.
+#[test]
+fn alarms_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    {
+        let mut w = store.write().unwrap();
+        assert!(w.alarm(7, 1, true));
+        assert!(!w.alarm(7, 1, true), "already raised");
+        assert!(w.alarm(9, 2, true));
+        assert!(!w.alarm(9, 1, false), "never raised");
+    }
+    store.close().unwrap();
+    let store = open(&dir);
+    assert_eq!(store.alarms(), [(7, 1), (9, 2)]);
+    assert!(store.write().unwrap().alarm(7, 1, false));
+    store.close().unwrap();
+    assert_eq!(open(&dir).alarms(), [(9, 2)]);
+}

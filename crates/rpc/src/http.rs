@@ -89,8 +89,7 @@ async fn check(core: &Core, serializable: bool) -> Result<(), String> {
         return Err("RAFT NO LEADER".into());
     }
     let alarms: Vec<String> = core
-        .alarms
-        .lock()
+        .alarms()
         .iter()
         .map(|&(_, a)| match api::etcdserverpb::AlarmType::try_from(a) {
             Ok(api::etcdserverpb::AlarmType::Nospace) => "ALARM NOSPACE".to_string(),

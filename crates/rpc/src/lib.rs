@@ -29,7 +29,7 @@ pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
 pub use server::{background, Core, ServerConfig};
-pub use state::{Alarms, KvStateMachine};
+pub use state::KvStateMachine;
 
 use api::etcdserverpb::auth_server::AuthServer;
 use api::etcdserverpb::cluster_server::ClusterServer;

@@ -106,8 +106,7 @@ impl Maintenance for MaintenanceService {
             Ok(AlarmAction::Get) => {
                 let alarms = self
                     .core
-                    .alarms
-                    .lock()
+                    .alarms()
                     .iter()
                     .filter(|&&(m, a)| {
                         (r.member_id == 0 || m == r.member_id) && (r.alarm == 0 || a == r.alarm)
@@ -142,8 +141,7 @@ impl Maintenance for MaintenanceService {
         let db_size = store.db().file_size() as i64;
         let errors = self
             .core
-            .alarms
-            .lock()
+            .alarms()
             .iter()
             .map(|&(m, a)| format!("memberID:{m} alarm:{} ", alarm_name(a)))
             .collect();

@@ -11,7 +11,6 @@ use tonic::Status;
 use crate::backend::Backend;
 use crate::error;
 use crate::request::{Applied, InternalRequest, Op, Response};
-use crate::state::Alarms;
 
 /// etcd's defaults for the limits a client can hit.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
@@ -82,7 +81,6 @@ impl ServerConfig {
 pub struct Core {
     pub node: RaftNode<Applied>,
     pub backend: Arc<Backend>,
-    pub alarms: Alarms,
     pub cfg: ServerConfig,
     pub id: u64,
     pub cluster_id: u64,
@@ -94,7 +92,6 @@ impl Core {
     pub fn new(
         node: RaftNode<Applied>,
         backend: Arc<Backend>,
-        alarms: Alarms,
         cfg: ServerConfig,
         cluster_id: u64,
     ) -> Arc<Core> {
@@ -102,7 +99,6 @@ impl Core {
             id: node.id(),
             node,
             backend,
-            alarms,
             cfg,
             cluster_id,
             to_leader: parking_lot::Mutex::new(None),
@@ -130,7 +126,12 @@ impl Core {
     /// Whether the NOSPACE alarm is raised anywhere in the cluster.
     pub fn no_space(&self) -> bool {
         let nospace = api::etcdserverpb::AlarmType::Nospace as i32;
-        self.alarms.lock().iter().any(|&(_, a)| a == nospace)
+        self.alarms().iter().any(|&(_, a)| a == nospace)
+    }
+
+    /// The alarms raised in the cluster: (member, alarm type).
+    pub fn alarms(&self) -> Vec<(u64, i32)> {
+        self.backend.store().alarms()
     }
 
     /// etcd's backend quota: a write that would take the data file past

@@ -5,7 +5,6 @@
 //! writes, in the same pager commit, so a restart resumes from exactly there. Request errors
 //! (a compacted revision, an unknown lease) are answers; storage failures stop the member.
 
-use std::collections::BTreeSet;
 use std::io::{self, Read};
 use std::sync::Arc;
 
@@ -13,26 +12,21 @@ use api::etcdserverpb::alarm_request::AlarmAction;
 use api::etcdserverpb::{AlarmMember, AlarmResponse, CompactionResponse, ResponseHeader};
 use consensus::{Committed, StateMachine};
 use mvcc::Writer;
-use parking_lot::Mutex;
 use prost::Message;
 
 use crate::backend::Backend;
 use crate::error;
 use crate::request::{Applied, InternalRequest, Op, Response};
 
-/// Active alarms: (member, alarm type). Replicated, so every member agrees.
-pub type Alarms = Arc<Mutex<BTreeSet<(u64, i32)>>>;
-
 /// kvd's [`StateMachine`].
 #[derive(Debug)]
 pub struct KvStateMachine {
     backend: Arc<Backend>,
-    alarms: Alarms,
 }
 
 impl KvStateMachine {
-    pub fn new(backend: Arc<Backend>, alarms: Alarms) -> Self {
-        KvStateMachine { backend, alarms }
+    pub fn new(backend: Arc<Backend>) -> Self {
+        KvStateMachine { backend }
     }
 }
 
@@ -76,24 +70,32 @@ impl KvStateMachine {
                 Response::None
             }
             Op::Alarm(a) => {
-                let mut alarms = self.alarms.lock();
-                let key = (a.member_id, a.alarm);
-                let action = AlarmAction::try_from(a.action);
-                if action == Ok(AlarmAction::Activate) && a.alarm != 0 && alarms.insert(key) {
-                    tracing::warn!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm raised");
-                }
-                if action == Ok(AlarmAction::Deactivate) && alarms.remove(&key) {
-                    tracing::info!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm cleared");
+                // As etcd's: the answer holds the alarm raised (new or already there) or the
+                // alarm cleared (none if it was not raised).
+                let member = AlarmMember {
+                    member_id: a.member_id,
+                    alarm: a.alarm,
+                };
+                let mut alarms = Vec::new();
+                match AlarmAction::try_from(a.action) {
+                    Ok(AlarmAction::Activate) if a.alarm != 0 => {
+                        if w.alarm(a.member_id, a.alarm, true) {
+                            tracing::warn!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm raised");
+                        }
+                        alarms.push(member);
+                    }
+                    Ok(AlarmAction::Deactivate) if w.alarm(a.member_id, a.alarm, false) => {
+                        tracing::info!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm cleared");
+                        alarms.push(member);
+                    }
+                    _ => {}
                 }
                 Response::Alarm(AlarmResponse {
                     header: Some(ResponseHeader {
                         revision: rev,
                         ..Default::default()
                     }),
-                    alarms: alarms
-                        .iter()
-                        .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
-                        .collect(),
+                    alarms,
                 })
             }
         })
