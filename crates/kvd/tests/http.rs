@@ -122,14 +122,18 @@ fn writes_past_the_quota_raise_nospace_and_are_refused_reads_and_deletes_go_on()
     let dir = tempfile::tempdir().unwrap();
     let m = common::Addrs::new("default");
     let quota = (4u64 << 20).to_string();
-    let mut p = Proc::kvd(
-        &m,
-        &dir.path().join("kvd"),
-        std::slice::from_ref(&m),
-        "new",
-        &["--quota-backend-bytes", &quota],
-    );
-    p.wait_ready();
+    let start = || {
+        let mut p = Proc::kvd(
+            &m,
+            &dir.path().join("kvd"),
+            std::slice::from_ref(&m),
+            "new",
+            &["--quota-backend-bytes", &quota],
+        );
+        p.wait_ready();
+        p
+    };
+    let mut p = start();
     let ep = m.endpoint();
     let value = "x".repeat(200_000);
     let mut refused = None;
@@ -162,14 +166,7 @@ fn writes_past_the_quota_raise_nospace_and_are_refused_reads_and_deletes_go_on()
 
     // The alarm is stored: it stands after a clean restart (which replays nothing).
     assert!(p.terminate().success(), "{}", p.log_tail());
-    let mut p = Proc::kvd(
-        &m,
-        &dir.path().join("kvd"),
-        std::slice::from_ref(&m),
-        "new",
-        &["--quota-backend-bytes", &quota],
-    );
-    p.wait_ready();
+    let _p = start();
     let alarms = common::ctl_ok(&ep, &["alarm", "list"]);
     assert!(alarms.contains("alarm:NOSPACE"), "after restart: {alarms}");
     assert!(!common::ctl(&ep, &["put", "small", "v"]).status.success());
