@@ -332,6 +332,42 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
         assert!(list.contains(&started), "{list}");
     }
 
+    // Leadership cannot move to a learner (etcd's error); it moves to a voter, and etcdctl
+    // prints etcd's line.
+    let eps: Vec<String> = ms.iter().map(Addrs::endpoint).collect();
+    let eps = eps.join(",");
+    let refused = common::ctl(&eps, &["move-leader", &id]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("etcdserver: bad leader transferee"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let leader_of = |ep: &str| -> u64 {
+        let s = common::ctl_ok(ep, &["endpoint", "status", "-w", "json"]);
+        let i = s.find("\"leader\":").expect("a leader field") + "\"leader\":".len();
+        s[i..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let before = leader_of(&ep);
+    let voters = common::ctl_ok(&ep, &["member", "list"]);
+    let target = voters
+        .lines()
+        .filter(|l| l.ends_with(", false"))
+        .filter_map(|l| l.split(',').next())
+        .find(|hex| u64::from_str_radix(hex, 16).ok() != Some(before))
+        .expect("a voter that does not lead")
+        .to_string();
+    let moved = common::ctl_ok(&eps, &["move-leader", &target]);
+    assert_eq!(
+        moved,
+        format!("Leadership transferred from {before:x} to {target}\n")
+    );
+    assert_eq!(format!("{:x}", leader_of(&ep)), target);
+
     let promoted = common::ctl_ok(&ep, &["member", "promote", &id]);
     assert!(promoted.contains("promoted"), "{promoted}");
     pd.wait_ready();

@@ -392,8 +392,10 @@ impl Store {
     /// etcd's defragmentation, without stopping the world: the live data is copied into a
     /// fresh, compact file that then replaces the store's. Only the flush of pending writes
     /// into the pager waits meanwhile; writes go on (into memory, where reads see them) and
-    /// reads go on (on the old file, which stays mapped until its last reader finishes).
-    /// A crash at any point leaves either the old file or the complete new one at `path`.
+    /// reads go on (on the old file, which stays mapped until its last reader finishes). The
+    /// one bound: once four batches are pending, a writer flushes itself (the store's
+    /// backpressure) and so waits for the copy to finish. A crash at any point leaves either
+    /// the old file or the complete new one at `path`.
     pub fn defragment(&self) -> Result<Defragmented> {
         let inner = &self.inner;
         let _no_flush = inner.flushing.lock();
