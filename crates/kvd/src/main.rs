@@ -22,6 +22,10 @@ use tokio_stream::StreamExt;
 /// How long shutdown waits for open client streams before closing them.
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// mimalloc instead of the system allocator: less CPU per request (see Cargo.toml).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = match config::normalize_args(std::env::args()) {
         Ok(a) => a,
