@@ -169,6 +169,13 @@ fn run(url: &str) -> Vec<String> {
         let (code, resp) = http(url, "POST", path, body, None);
         out.push(format!("POST {path} {body}\n{code} {}", normalized(&resp)));
     }
+    // Values over --max-request-bytes (etcd's refusal) and over gRPC's receive limit
+    // (grpc-go's, with the encoded size): "x" * n is "eHh4" * n/3 in base64.
+    for n in [1_650_000, 2_250_000] {
+        let body = format!(r#"{{"key":"Ymln","value":"{}"}}"#, "eHh4".repeat(n / 3));
+        let (code, resp) = http(url, "POST", "/v3/kv/put", &body, None);
+        out.push(format!("put {n} bytes\n{code} {}", normalized(&resp)));
+    }
     // A malformed body: the same status and code (the parser's message is its own).
     let (code, resp) = http(url, "POST", "/v3/kv/put", "garbage", None);
     let v: Value = serde_json::from_str(&resp).unwrap();
@@ -230,7 +237,17 @@ fn the_json_gateway_answers_as_etcds() {
     let want = run(&e.client);
     let got = run(&k.client);
     common::assert_same_answers(&want, &got);
-    // Not vacuous: the watch saw both puts, with the previous value on the second.
+    // Not vacuous: both size limits answered (etcd's text, then grpc-go's with the sizes)...
+    let all = want.join("\n");
+    assert!(
+        all.contains(r#"400 {"code":3,"message":"etcdserver: request is too large"}"#),
+        "{all}"
+    );
+    assert!(
+        all.contains(r#"429 {"code":8,"message":"grpc: received message larger than max ("#),
+        "{all}"
+    );
+    // ...and the watch saw both puts, with the previous value on the second.
     let watch = want.iter().find(|l| l.starts_with("watch")).unwrap();
     assert!(watch.contains(r#""prev_kv":{"#), "{watch}");
 }

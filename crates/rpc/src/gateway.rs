@@ -107,12 +107,36 @@ fn ok<T: Serialize>(v: &T) -> Response {
     }
 }
 
-/// One JSON request; an empty body is the default request, as grpc-gateway's.
-fn decode<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, Status> {
+/// One JSON request; an empty body is the default request, as grpc-gateway's. A request
+/// whose protobuf encoding exceeds `limit` (gRPC's receive limit) gets gRPC's answer, as it
+/// does behind etcd's gateway.
+fn decode<T>(body: &[u8], limit: usize) -> Result<T, Status>
+where
+    T: DeserializeOwned + Default + prost::Message,
+{
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+    let req: T =
+        serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    within(req, limit)
+}
+
+/// `req` if its encoding fits gRPC's receive limit, else grpc-go's refusal.
+fn within<T: prost::Message>(req: T, limit: usize) -> Result<T, Status> {
+    let n = req.encoded_len();
+    if n > limit {
+        return Err(Status::resource_exhausted(format!(
+            "grpc: received message larger than max ({n} vs. {limit})"
+        )));
+    }
+    Ok(req)
+}
+
+/// How much JSON may carry a request of `limit` protobuf bytes: base64 takes 4 bytes for 3,
+/// and field names and punctuation take more.
+fn json_limit(limit: usize) -> usize {
+    limit.saturating_mul(2).saturating_add(64 << 10)
 }
 
 fn reply<T: Serialize>(r: Result<tonic::Response<T>, Status>) -> Response {
@@ -123,11 +147,14 @@ fn reply<T: Serialize>(r: Result<tonic::Response<T>, Status>) -> Response {
 }
 
 /// Requests read one after another from a body, as they arrive: a JSON value per request,
-/// separated by nothing or whitespace. Ends at the body's end or at the first request that
-/// does not parse.
-fn requests<T>(body: Body) -> impl Stream<Item = Result<T, Status>> + Send + Unpin + 'static
+/// separated by nothing or whitespace. Ends at the body's end, at the first request that does
+/// not parse, or at one larger than `limit` bytes.
+fn requests<T>(
+    body: Body,
+    limit: usize,
+) -> impl Stream<Item = Result<T, Status>> + Send + Unpin + 'static
 where
-    T: DeserializeOwned + Send + 'static,
+    T: DeserializeOwned + prost::Message + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
@@ -153,7 +180,9 @@ where
             // What the values parsed so far took; an incomplete one starts there.
             let consumed = it.byte_offset();
             for v in sent {
-                if tx.send(Ok(v)).await.is_err() {
+                let v = within(v, limit);
+                let over = v.is_err();
+                if tx.send(v).await.is_err() || over {
                     return;
                 }
             }
@@ -163,6 +192,10 @@ where
             }
             buf.drain(..consumed);
             if done {
+                return;
+            }
+            if buf.len() > json_limit(limit) {
+                tracing::debug!("gateway stream: a request over {limit} bytes; the stream ends");
                 return;
             }
             match chunks.next().await {
@@ -214,12 +247,13 @@ async fn not_found() -> Response {
 
 /// A unary route: `svc.method(request)` with the body as the request.
 macro_rules! unary {
-    ($svc:expr, $method:ident) => {{
+    ($svc:expr, $method:ident, $limit:expr) => {{
         let svc = $svc.clone();
+        let limit = $limit;
         post(move |body: Bytes| {
             let svc = svc.clone();
             async move {
-                match decode(&body) {
+                match decode(&body, limit) {
                     Ok(req) => reply(svc.$method(tonic::Request::new(req)).await),
                     Err(s) => error(&s),
                 }
@@ -231,12 +265,13 @@ macro_rules! unary {
 
 /// A server-streaming route: one request in the body, a line per response.
 macro_rules! server_stream {
-    ($svc:expr, $method:ident) => {{
+    ($svc:expr, $method:ident, $limit:expr) => {{
         let svc = $svc.clone();
+        let limit = $limit;
         post(move |body: Bytes| {
             let svc = svc.clone();
             async move {
-                let req = match decode(&body) {
+                let req = match decode(&body, limit) {
                     Ok(req) => req,
                     Err(s) => return error(&s),
                 };
@@ -250,16 +285,20 @@ macro_rules! server_stream {
     }};
 }
 
-/// A bidirectional route: requests read from the body as they come, a line per response.
-fn bidi<T, O, S>(open: impl Fn(Requests<T>) -> S + Clone + Send + Sync + 'static) -> MethodRouter
+/// A bidirectional route: requests (each up to `limit` bytes) read from the body as they come,
+/// a line per response.
+fn bidi<T, O, S>(
+    limit: usize,
+    open: impl Fn(Requests<T>) -> S + Clone + Send + Sync + 'static,
+) -> MethodRouter
 where
-    T: DeserializeOwned + Send + 'static,
+    T: DeserializeOwned + prost::Message + Send + 'static,
     O: Serialize + Send + 'static,
     S: Stream<Item = Result<O, Status>> + Send + 'static,
 {
     post(move |body: Body| {
         let open = open.clone();
-        async move { streamed(open(Box::pin(requests::<T>(body)))) }
+        async move { streamed(open(Box::pin(requests::<T>(body, limit)))) }
     })
     .fallback(method_not_allowed)
 }
@@ -268,8 +307,9 @@ where
 pub(crate) type Requests<T> =
     std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// Every `/v3/*` route etcd's gateway serves.
-pub fn router(core: &Arc<Core>) -> Router {
+/// Every `/v3/*` route etcd's gateway serves. A request body may be as large as a gRPC
+/// message may (`limit`: `--max-request-bytes` and gRPC's envelope).
+pub fn router(core: &Arc<Core>, limit: usize) -> Router {
     let kv = KvService::new(core.clone());
     let watch = WatchService::new(core.clone());
     let lease = LeaseService::new(core.clone());
@@ -280,67 +320,101 @@ pub fn router(core: &Arc<Core>) -> Router {
     let election = ElectionService::new(core.clone());
     let keep_alive = {
         let lease = lease.clone();
-        bidi(move |input| lease.keep_alive(input))
+        bidi(limit, move |input| lease.keep_alive(input))
     };
     Router::new()
-        .route("/v3/kv/range", unary!(kv, range))
-        .route("/v3/kv/put", unary!(kv, put))
-        .route("/v3/kv/deleterange", unary!(kv, delete_range))
-        .route("/v3/kv/txn", unary!(kv, txn))
-        .route("/v3/kv/compaction", unary!(kv, compact))
-        .route("/v3/watch", bidi(move |input| watch.open(input)))
-        .route("/v3/lease/grant", unary!(lease, lease_grant))
-        .route("/v3/lease/revoke", unary!(lease, lease_revoke))
-        .route("/v3/kv/lease/revoke", unary!(lease, lease_revoke))
+        .route("/v3/kv/range", unary!(kv, range, limit))
+        .route("/v3/kv/put", unary!(kv, put, limit))
+        .route("/v3/kv/deleterange", unary!(kv, delete_range, limit))
+        .route("/v3/kv/txn", unary!(kv, txn, limit))
+        .route("/v3/kv/compaction", unary!(kv, compact, limit))
+        .route("/v3/watch", bidi(limit, move |input| watch.open(input)))
+        .route("/v3/lease/grant", unary!(lease, lease_grant, limit))
+        .route("/v3/lease/revoke", unary!(lease, lease_revoke, limit))
+        .route("/v3/kv/lease/revoke", unary!(lease, lease_revoke, limit))
         .route("/v3/lease/keepalive", keep_alive)
-        .route("/v3/lease/timetolive", unary!(lease, lease_time_to_live))
-        .route("/v3/kv/lease/timetolive", unary!(lease, lease_time_to_live))
-        .route("/v3/lease/leases", unary!(lease, lease_leases))
-        .route("/v3/kv/lease/leases", unary!(lease, lease_leases))
-        .route("/v3/cluster/member/add", unary!(cluster, member_add))
-        .route("/v3/cluster/member/remove", unary!(cluster, member_remove))
-        .route("/v3/cluster/member/update", unary!(cluster, member_update))
-        .route("/v3/cluster/member/list", unary!(cluster, member_list))
+        .route(
+            "/v3/lease/timetolive",
+            unary!(lease, lease_time_to_live, limit),
+        )
+        .route(
+            "/v3/kv/lease/timetolive",
+            unary!(lease, lease_time_to_live, limit),
+        )
+        .route("/v3/lease/leases", unary!(lease, lease_leases, limit))
+        .route("/v3/kv/lease/leases", unary!(lease, lease_leases, limit))
+        .route("/v3/cluster/member/add", unary!(cluster, member_add, limit))
+        .route(
+            "/v3/cluster/member/remove",
+            unary!(cluster, member_remove, limit),
+        )
+        .route(
+            "/v3/cluster/member/update",
+            unary!(cluster, member_update, limit),
+        )
+        .route(
+            "/v3/cluster/member/list",
+            unary!(cluster, member_list, limit),
+        )
         .route(
             "/v3/cluster/member/promote",
-            unary!(cluster, member_promote),
+            unary!(cluster, member_promote, limit),
         )
-        .route("/v3/maintenance/alarm", unary!(mt, alarm))
-        .route("/v3/maintenance/status", unary!(mt, status))
-        .route("/v3/maintenance/defragment", unary!(mt, defragment))
-        .route("/v3/maintenance/hash", unary!(mt, hash))
-        .route("/v3/maintenance/hashkv", unary!(mt, hash_kv))
-        .route("/v3/maintenance/snapshot", server_stream!(mt, snapshot))
+        .route("/v3/maintenance/alarm", unary!(mt, alarm, limit))
+        .route("/v3/maintenance/status", unary!(mt, status, limit))
+        .route("/v3/maintenance/defragment", unary!(mt, defragment, limit))
+        .route("/v3/maintenance/hash", unary!(mt, hash, limit))
+        .route("/v3/maintenance/hashkv", unary!(mt, hash_kv, limit))
+        .route(
+            "/v3/maintenance/snapshot",
+            server_stream!(mt, snapshot, limit),
+        )
         .route(
             "/v3/maintenance/transfer-leadership",
-            unary!(mt, move_leader),
+            unary!(mt, move_leader, limit),
         )
-        .route("/v3/maintenance/downgrade", unary!(mt, downgrade))
-        .route("/v3/auth/enable", unary!(auth, auth_enable))
-        .route("/v3/auth/disable", unary!(auth, auth_disable))
-        .route("/v3/auth/status", unary!(auth, auth_status))
-        .route("/v3/auth/authenticate", unary!(auth, authenticate))
-        .route("/v3/auth/user/add", unary!(auth, user_add))
-        .route("/v3/auth/user/get", unary!(auth, user_get))
-        .route("/v3/auth/user/list", unary!(auth, user_list))
-        .route("/v3/auth/user/delete", unary!(auth, user_delete))
-        .route("/v3/auth/user/changepw", unary!(auth, user_change_password))
-        .route("/v3/auth/user/grant", unary!(auth, user_grant_role))
-        .route("/v3/auth/user/revoke", unary!(auth, user_revoke_role))
-        .route("/v3/auth/role/add", unary!(auth, role_add))
-        .route("/v3/auth/role/get", unary!(auth, role_get))
-        .route("/v3/auth/role/list", unary!(auth, role_list))
-        .route("/v3/auth/role/delete", unary!(auth, role_delete))
-        .route("/v3/auth/role/grant", unary!(auth, role_grant_permission))
-        .route("/v3/auth/role/revoke", unary!(auth, role_revoke_permission))
-        .route("/v3/lock/lock", unary!(lock, lock))
-        .route("/v3/lock/unlock", unary!(lock, unlock))
-        .route("/v3/election/campaign", unary!(election, campaign))
-        .route("/v3/election/proclaim", unary!(election, proclaim))
-        .route("/v3/election/leader", unary!(election, leader))
-        .route("/v3/election/observe", server_stream!(election, observe))
-        .route("/v3/election/resign", unary!(election, resign))
+        .route("/v3/maintenance/downgrade", unary!(mt, downgrade, limit))
+        .route("/v3/auth/enable", unary!(auth, auth_enable, limit))
+        .route("/v3/auth/disable", unary!(auth, auth_disable, limit))
+        .route("/v3/auth/status", unary!(auth, auth_status, limit))
+        .route("/v3/auth/authenticate", unary!(auth, authenticate, limit))
+        .route("/v3/auth/user/add", unary!(auth, user_add, limit))
+        .route("/v3/auth/user/get", unary!(auth, user_get, limit))
+        .route("/v3/auth/user/list", unary!(auth, user_list, limit))
+        .route("/v3/auth/user/delete", unary!(auth, user_delete, limit))
+        .route(
+            "/v3/auth/user/changepw",
+            unary!(auth, user_change_password, limit),
+        )
+        .route("/v3/auth/user/grant", unary!(auth, user_grant_role, limit))
+        .route(
+            "/v3/auth/user/revoke",
+            unary!(auth, user_revoke_role, limit),
+        )
+        .route("/v3/auth/role/add", unary!(auth, role_add, limit))
+        .route("/v3/auth/role/get", unary!(auth, role_get, limit))
+        .route("/v3/auth/role/list", unary!(auth, role_list, limit))
+        .route("/v3/auth/role/delete", unary!(auth, role_delete, limit))
+        .route(
+            "/v3/auth/role/grant",
+            unary!(auth, role_grant_permission, limit),
+        )
+        .route(
+            "/v3/auth/role/revoke",
+            unary!(auth, role_revoke_permission, limit),
+        )
+        .route("/v3/lock/lock", unary!(lock, lock, limit))
+        .route("/v3/lock/unlock", unary!(lock, unlock, limit))
+        .route("/v3/election/campaign", unary!(election, campaign, limit))
+        .route("/v3/election/proclaim", unary!(election, proclaim, limit))
+        .route("/v3/election/leader", unary!(election, leader, limit))
+        .route(
+            "/v3/election/observe",
+            server_stream!(election, observe, limit),
+        )
+        .route("/v3/election/resign", unary!(election, resign, limit))
         .route("/v3/{*rest}", any(not_found))
+        .layer(axum::extract::DefaultBodyLimit::max(json_limit(limit)))
 }
 
 #[cfg(test)]
@@ -377,19 +451,27 @@ mod tests {
         // fields ignored.
         let q: RangeRequest = decode(
             br#"{"key":"Zm9v","countOnly":true,"sort_order":"DESCEND","revision":"2","bogus":1}"#,
+            100,
         )
         .unwrap();
         assert_eq!(q.key, b"foo");
         assert!(q.count_only);
         assert_eq!(q.sort_order, 2);
         assert_eq!(q.revision, 2);
-        let q: RangeRequest = decode(br#"{"sort_order":1,"revision":5}"#).unwrap();
+        let q: RangeRequest = decode(br#"{"sort_order":1,"revision":5}"#, 100).unwrap();
         assert_eq!((q.sort_order, q.revision), (1, 5));
         assert_eq!(
-            decode::<RangeRequest>(b"  ").unwrap(),
+            decode::<RangeRequest>(b"  ", 100).unwrap(),
             RangeRequest::default()
         );
-        assert!(decode::<RangeRequest>(br#"{"key":"!!!"}"#).is_err());
+        assert!(decode::<RangeRequest>(br#"{"key":"!!!"}"#, 100).is_err());
+        // Over gRPC's receive limit once encoded: grpc-go's refusal.
+        let e = decode::<RangeRequest>(br#"{"key":"Zm9vYmFy"}"#, 4).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+        assert_eq!(
+            e.message(),
+            "grpc: received message larger than max (8 vs. 4)"
+        );
     }
 
     #[test]

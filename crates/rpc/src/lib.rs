@@ -53,7 +53,10 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
     let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);
     let router = grpc
         .into_axum_router()
-        .merge(gateway::router(core))
+        .merge(gateway::router(
+            core,
+            core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
+        ))
         .layer(gate)
         .merge(http::router(core.clone()))
         .fallback(http::fallback)
