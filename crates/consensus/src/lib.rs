@@ -19,7 +19,8 @@ pub use codec::Malformed;
 pub use driver::existing_member;
 pub use member::{cluster_id, member_id, parse_initial_cluster, Member, Members};
 pub use node::{
-    Change, Committed, Config, Error, Inbox, RaftNode, Result, Role, Start, StateMachine, Status,
+    Change, Committed, Config, Error, Inbox, PeerProgress, RaftNode, Result, Role, Start,
+    StateMachine, Status,
 };
 pub use raft::eraftpb::Message;
 pub use transport::{Reporter, SnapshotDone, Transport};

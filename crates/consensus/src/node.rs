@@ -201,6 +201,20 @@ pub struct Status {
     /// The last snapshot taken or installed.
     pub snapshot_index: u64,
     pub removed: bool,
+    /// On the leader: each peer's replication progress (empty elsewhere).
+    pub peers: std::collections::BTreeMap<u64, PeerProgress>,
+    /// On the leader: the last index of its own log.
+    pub last_index: u64,
+}
+
+/// The leader's view of one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerProgress {
+    /// The highest log index known to be replicated there.
+    pub matched: u64,
+    /// Since when the leader has been replicating to it without interruption (a peer that
+    /// cannot be reached falls back to probing), if it is.
+    pub active_since: Option<std::time::Instant>,
 }
 
 type Waiter<O> = oneshot::Sender<Result<O>>;

@@ -163,6 +163,16 @@ pub struct ServeFlags {
         action = clap::ArgAction::Set
     )]
     pub experimental_enable_lease_checkpoint: bool,
+    /// Refuse membership changes that could cost the quorum (etcd's, on by default).
+    #[arg(
+        long,
+        env = "ETCD_STRICT_RECONFIG_CHECK",
+        default_value = "true",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub strict_reconfig_check: bool,
     /// kvd's: how often the leader checkpoints leases (etcd's fixed interval is 5 minutes).
     #[arg(long, env = "KVD_LEASE_CHECKPOINT_INTERVAL", default_value = "5m")]
     pub lease_checkpoint_interval: String,

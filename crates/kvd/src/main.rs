@@ -240,6 +240,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
         return Err("--lease-checkpoint-interval: must be more than 0".into());
     }
     server.lease_checkpoint_interval = f.experimental_enable_lease_checkpoint.then_some(every);
+    server.strict_reconfig_check = f.strict_reconfig_check;
     let freelist = match f.freelist_type.as_str() {
         "map" => pager::FreelistKind::Hashmap,
         other => other

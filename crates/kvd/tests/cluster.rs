@@ -283,10 +283,21 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
         common::ctl_ok(&ep, &["put", &format!("j{i:02}"), "v"]);
     }
     let d = Addrs::new("d");
-    let added = common::ctl_ok(
-        &ep,
-        &["member", "add", "d", "--learner", "--peer-urls", &d.peer],
-    );
+    // As etcd's strict reconfiguration check: refused as an "unhealthy cluster" until the
+    // leader has replicated to every voter for 5 s.
+    let mut added = String::new();
+    common::wait_for("the cluster to accept a member", 20, || {
+        let out = common::ctl(
+            &ep,
+            &["member", "add", "d", "--learner", "--peer-urls", &d.peer],
+        );
+        added = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("etcdserver: unhealthy cluster"), "{err}");
+        }
+        out.status.success()
+    });
     assert!(added.contains("added as learner to cluster"), "{added}");
     assert!(
         added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),

@@ -493,3 +493,99 @@ fn etcdctl_defrag_shrinks_the_data_file_while_writes_go_on() {
         "{written} writes: {count}"
     );
 }
+
+/// What differs between two three-member clusters by design, beyond [`normalize`]'s ids: the
+/// ports, and the order of members (etcd lists them by id, and ids differ).
+fn normalize_cluster(s: &str, endpoints: &str) -> String {
+    // etcdctl prints ids with `%16x`: a shorter one is padded with spaces.
+    let mut out = normalize(s, endpoints);
+    while out.contains("  <id>") {
+        out = out.replace("  <id>", " <id>");
+    }
+    // Ports: every "127.0.0.1:<digits>".
+    let mut fixed = String::new();
+    let mut rest = out.as_str();
+    while let Some(i) = rest.find("127.0.0.1:") {
+        let (head, tail) = rest.split_at(i + "127.0.0.1:".len());
+        fixed.push_str(head);
+        fixed.push_str("<port>");
+        rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    fixed.push_str(rest);
+    out = fixed;
+    // Member order: the lines of a member list, and the entries of ETCD_INITIAL_CLUSTER.
+    let mut lines: Vec<String> = out
+        .lines()
+        .map(|l| match l.strip_prefix("ETCD_INITIAL_CLUSTER=\"") {
+            Some(v) => {
+                let mut parts: Vec<&str> = v.trim_end_matches('"').split(',').collect();
+                parts.sort_unstable();
+                format!("ETCD_INITIAL_CLUSTER=\"{}\"", parts.join(","))
+            }
+            None => l.to_string(),
+        })
+        .collect();
+    if lines.iter().all(|l| l.starts_with("<id>, ")) {
+        lines.sort();
+    }
+    lines.join("\n")
+}
+
+/// etcdctl's cluster commands against a three-member cluster: add and remove a member and a
+/// learner, promote a learner that never started, remove an unknown member, move leadership.
+fn cluster_script(ms: &[Addrs]) -> Vec<String> {
+    let eps: Vec<String> = ms.iter().map(Addrs::endpoint).collect();
+    let eps = eps.join(",");
+    let peer = || format!("http://127.0.0.1:{}", common::free_port());
+    let mut out = Vec::new();
+    let mut run = |args: &[&str]| -> String {
+        let o = ctl(&eps, args);
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        out.push(format!(
+            "$ etcdctl {}\n[exit {}]\n{}{}",
+            normalize_cluster(&args.join(" "), &eps),
+            o.status.code().unwrap_or(-1),
+            normalize_cluster(&stdout, &eps),
+            normalize_cluster(&String::from_utf8_lossy(&o.stderr), &eps)
+        ));
+        stdout
+    };
+    let id_of = |added: &str| added.split_whitespace().nth(1).unwrap_or("0").to_string();
+    let added = run(&["member", "add", "d", "--peer-urls", &peer()]);
+    run(&["member", "list"]);
+    run(&["member", "remove", &id_of(&added)]);
+    let learner = run(&["member", "add", "e", "--learner", "--peer-urls", &peer()]);
+    run(&["member", "list"]);
+    run(&["member", "promote", &id_of(&learner)]);
+    run(&["member", "remove", &id_of(&learner)]);
+    run(&["member", "remove", "1234"]);
+    run(&["member", "list"]);
+    out
+}
+
+#[test]
+fn etcdctl_member_commands_print_against_kvd_what_they_print_against_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["a", "b", "c"];
+    let es: Vec<Addrs> = names.iter().map(|n| Addrs::new(n)).collect();
+    let ks: Vec<Addrs> = names.iter().map(|n| Addrs::new(n)).collect();
+    let mut etcds: Vec<Proc> = es
+        .iter()
+        .map(|m| Proc::etcd(m, &dir.path().join("etcd").join(&m.name), &es, &[]))
+        .collect();
+    let mut kvds: Vec<Proc> = ks
+        .iter()
+        .map(|m| Proc::kvd(m, &dir.path().join("kvd").join(&m.name), &ks, "new", &[]))
+        .collect();
+    for p in etcds.iter_mut().chain(kvds.iter_mut()) {
+        p.wait_ready();
+    }
+    // etcd takes members only once its leader has been connected to every voter for 5 s.
+    std::thread::sleep(Duration::from_secs(6));
+    let want = cluster_script(&es);
+    let got = cluster_script(&ks);
+    common::assert_same_answers(&want, &got);
+    let all = want.join("\n");
+    assert!(all.contains("added to cluster"), "{all}");
+    assert!(all.contains("removed from cluster"), "{all}");
+}

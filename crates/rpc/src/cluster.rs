@@ -1,8 +1,14 @@
-//! `etcdserverpb.Cluster`: the member list and membership changes, through consensus.
+//! `etcdserverpb.Cluster`: the member list and membership changes, through consensus, with
+//! etcd's checks: a learner is promoted only once it holds 90 % of the leader's log, and with
+//! `--strict-reconfig-check` (on by default) a voter is added or promoted only while enough
+//! members are started to keep a quorum, and a member added only while the leader has
+//! replicated to every voter for 5 s. The leader alone knows that: a follower forwards adds and
+//! promotions.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use api::etcdserverpb::cluster_client::ClusterClient;
 use api::etcdserverpb::cluster_server::Cluster;
 use api::etcdserverpb::{
     Member as PbMember, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
@@ -40,6 +46,95 @@ impl ClusterService {
             .map_err(|e| error::consensus(&e))?;
         Ok(to_pb(&members))
     }
+}
+
+/// How long the leader must have replicated to every voter before a member is added (etcd's
+/// HealthInterval).
+const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// The share of the leader's log a learner must hold to be promoted (etcd's).
+const LEARNER_READY: f64 = 0.9;
+
+fn not_enough_started() -> Status {
+    Status::failed_precondition(
+        "etcdserver: re-configuration failed due to not enough started members",
+    )
+}
+
+/// Whether, with one more voter, the started voters (those that published a name) still make
+/// a quorum (etcd's IsReadyToAddVotingMember; a one-member cluster may always grow to two).
+fn ready_for_one_more_voter(members: &Members) -> bool {
+    let voters: Vec<&Member> = members.iter().filter(|m| !m.is_learner).collect();
+    let started = voters.iter().filter(|m| !m.name.is_empty()).count();
+    let after = voters.len() + 1;
+    (started == 1 && after == 2) || started > after / 2
+}
+
+impl ClusterService {
+    /// On the leader: etcd's checks before adding `learner` or voter.
+    fn may_add(&self, learner: bool) -> Result<(), Status> {
+        if !self.core.cfg.strict_reconfig_check {
+            return Ok(());
+        }
+        let st = self.core.node.status();
+        if !learner && !ready_for_one_more_voter(&st.members) {
+            return Err(not_enough_started());
+        }
+        let since = Instant::now().checked_sub(HEALTH_INTERVAL);
+        let healthy = st
+            .members
+            .iter()
+            .filter(|m| !m.is_learner && m.id != st.id)
+            .all(|m| {
+                st.peers
+                    .get(&m.id)
+                    .and_then(|p| p.active_since)
+                    .zip(since)
+                    .is_some_and(|(a, s)| a <= s)
+            });
+        if !healthy {
+            return Err(Status::unavailable("etcdserver: unhealthy cluster"));
+        }
+        Ok(())
+    }
+
+    /// On the leader: etcd's checks before promoting learner `id`.
+    fn may_promote(&self, id: u64) -> Result<(), Status> {
+        let st = self.core.node.status();
+        let Some(m) = st.members.get(id) else {
+            return Err(error::consensus(&consensus::Error::MemberNotFound));
+        };
+        if !m.is_learner {
+            return Err(Status::failed_precondition(
+                "etcdserver: can only promote a learner member",
+            ));
+        }
+        let matched = st.peers.get(&id).map_or(0, |p| p.matched);
+        if (matched as f64) < st.last_index as f64 * LEARNER_READY {
+            return Err(Status::failed_precondition(
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ));
+        }
+        if self.core.cfg.strict_reconfig_check && !ready_for_one_more_voter(&st.members) {
+            return Err(not_enough_started());
+        }
+        Ok(())
+    }
+
+    /// A client of the leader's Cluster service, for what only the leader can check.
+    fn leader(&self) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
+        Ok(ClusterClient::new(self.core.leader_channel()?))
+    }
+}
+
+/// The leader's answer to a forwarded request; failing to reach it is etcd's "leader changed".
+fn forwarded<T>(r: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
+    r.map_err(|s| {
+        if s.code() == tonic::Code::Unavailable && !s.message().starts_with("etcdserver:") {
+            Status::unavailable("etcdserver: leader changed")
+        } else {
+            s
+        }
+    })
 }
 
 /// The member list as etcd's messages.
@@ -91,6 +186,10 @@ impl Cluster for ClusterService {
         {
             return Err(error::peer_url_exists());
         }
+        if !self.core.is_leader() {
+            return forwarded(self.leader()?.member_add(r).await);
+        }
+        self.may_add(r.is_learner)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -167,7 +266,13 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        let members = self.change(Change::Promote(req.into_inner().id)).await?;
+        let id = req.into_inner().id;
+        if !self.core.is_leader() {
+            let mut leader = self.leader()?;
+            return forwarded(leader.member_promote(MemberPromoteRequest { id }).await);
+        }
+        self.may_promote(id)?;
+        let members = self.change(Change::Promote(id)).await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),
             members,
@@ -178,6 +283,45 @@ impl Cluster for ClusterService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_voter_is_added_only_while_started_voters_keep_a_quorum() {
+        let m = |id: u64, name: &str, learner: bool| Member {
+            id,
+            name: name.into(),
+            peer_urls: vec![format!("http://h:{id}")],
+            client_urls: Vec::new(),
+            is_learner: learner,
+        };
+        let ms = Members::new;
+        // One started member may always grow to two (etcd's restore path).
+        assert!(ready_for_one_more_voter(&ms(vec![m(1, "a", false)])));
+        // 3 started of 4 after the add: a quorum (3) stays started.
+        assert!(ready_for_one_more_voter(&ms(vec![
+            m(1, "a", false),
+            m(2, "b", false),
+            m(3, "c", false)
+        ])));
+        // 3 started of 5 after the add (one voter never started): still 3 = quorum.
+        assert!(ready_for_one_more_voter(&ms(vec![
+            m(1, "a", false),
+            m(2, "b", false),
+            m(3, "c", false),
+            m(4, "", false)
+        ])));
+        // 2 started of 4 after the add: below the quorum of 3.
+        assert!(!ready_for_one_more_voter(&ms(vec![
+            m(1, "a", false),
+            m(2, "b", false),
+            m(4, "", false)
+        ])));
+        // Learners do not count either way.
+        assert!(ready_for_one_more_voter(&ms(vec![
+            m(1, "a", false),
+            m(2, "b", false),
+            m(5, "", true)
+        ])));
+    }
 
     #[test]
     fn member_urls_are_checked_like_etcd() {

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     /// How often the leader checkpoints leases' remaining TTLs (None: never), so a leader
     /// change does not restart them from their full TTL (etcd's LeaseCheckpoint feature).
     pub lease_checkpoint_interval: Option<Duration>,
+    /// `--strict-reconfig-check`: refuse membership changes that could cost the quorum.
+    pub strict_reconfig_check: bool,
 }
 
 impl ServerConfig {
@@ -72,6 +74,7 @@ impl ServerConfig {
             watch_progress_notify_interval: crate::watch::PROGRESS_NOTIFY_INTERVAL,
             auto_compaction: crate::AutoCompaction::Off,
             lease_checkpoint_interval: Some(LEASE_CHECKPOINT_INTERVAL),
+            strict_reconfig_check: true,
         }
     }
 }
