@@ -204,6 +204,8 @@ impl Peer for PeerService {
         let (tx, rx) = mpsc::channel(1);
         let _ = tx.send(Ok(self.hello())).await;
         let me = self.clone();
+        let received =
+            crate::metrics::PEER_RECEIVED_BYTES.with_label_values(&[&crate::metrics::peer(from)]);
         tokio::spawn(async move {
             loop {
                 let batch = match incoming.message().await {
@@ -227,9 +229,7 @@ impl Peer for PeerService {
                     break;
                 }
                 let bytes: usize = batch.messages.iter().map(Vec::len).sum();
-                crate::metrics::PEER_RECEIVED_BYTES
-                    .with_label_values(&[&crate::metrics::peer(from)])
-                    .inc_by(bytes as u64);
+                received.inc_by(bytes as u64);
                 for raw in &batch.messages {
                     match Message::parse_from_bytes(raw) {
                         Ok(m) if m.to == me.id && m.get_msg_type() != MessageType::MsgSnapshot => {

@@ -64,4 +64,14 @@ impl Store {
     pub fn alarms(&self) -> Vec<(u64, i32)> {
         self.inner.alarms.lock().raised.iter().copied().collect()
     }
+
+    /// Whether any member raised alarm type `alarm` (checked on every write: no copy).
+    pub fn has_alarm(&self, alarm: i32) -> bool {
+        self.inner
+            .alarms
+            .lock()
+            .raised
+            .iter()
+            .any(|&(_, a)| a == alarm)
+    }
 }

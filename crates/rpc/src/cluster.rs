@@ -126,15 +126,9 @@ impl ClusterService {
     }
 }
 
-/// The leader's answer to a forwarded request; failing to reach it is etcd's "leader changed".
+/// The leader's answer to a forwarded request.
 fn forwarded<T>(r: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
-    r.map_err(|s| {
-        if s.code() == tonic::Code::Unavailable && !s.message().starts_with("etcdserver:") {
-            Status::unavailable("etcdserver: leader changed")
-        } else {
-            s
-        }
-    })
+    r.map_err(|s| error::forward_failed(&s))
 }
 
 /// The member list as etcd's messages.

@@ -63,10 +63,16 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// `name/` and the key `name/<lease in hex>` a session holds under it.
-fn session_key(name: &[u8], lease: i64) -> (Vec<u8>, Vec<u8>) {
+/// The prefix of a lock's holds or an election's candidates: `name/`.
+fn prefix(name: &[u8]) -> Vec<u8> {
     let mut pfx = name.to_vec();
     pfx.push(b'/');
+    pfx
+}
+
+/// `name/` and the key `name/<lease in hex>` a session holds under it.
+fn session_key(name: &[u8], lease: i64) -> (Vec<u8>, Vec<u8>) {
+    let pfx = prefix(name);
     let mut key = pfx.clone();
     key.extend_from_slice(format!("{lease:x}").as_bytes());
     (pfx, key)
@@ -498,7 +504,7 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
-        let (pfx, _) = session_key(&req.into_inner().name, 0);
+        let pfx = prefix(&req.into_inner().name);
         let resp = self
             .local
             .range(by_create(&pfx, SortOrder::Ascend))
@@ -520,7 +526,7 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
-        let (pfx, _) = session_key(&req.into_inner().name, 0);
+        let pfx = prefix(&req.into_inner().name);
         let (tx, rx) = mpsc::channel(16);
         let local = self.local.clone();
         tokio::spawn(async move {

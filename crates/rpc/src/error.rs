@@ -41,6 +41,17 @@ pub(crate) fn not_supported_for_learner() -> Status {
     Status::failed_precondition("etcdserver: rpc not supported for learner")
 }
 
+/// A request forwarded to the leader failed: the leader's own answers (etcd's errors) pass
+/// through; failing to reach it is etcd's "leader changed", which clients retry.
+pub(crate) fn forward_failed(s: &Status) -> Status {
+    tracing::debug!("forwarding to the leader failed: {s}");
+    if s.code() == Code::Unavailable && !s.message().starts_with("etcdserver:") {
+        Status::unavailable("etcdserver: leader changed")
+    } else {
+        s.clone()
+    }
+}
+
 /// The status etcd answers for an mvcc error.
 pub(crate) fn mvcc(e: &mvcc::Error) -> Status {
     use mvcc::Error as E;

@@ -146,6 +146,17 @@ fn reply<T: Serialize>(r: Result<tonic::Response<T>, Status>) -> Response {
     }
 }
 
+fn reply_stream<T, S>(r: Result<tonic::Response<S>, Status>) -> Response
+where
+    T: Serialize + Send + 'static,
+    S: Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    match r {
+        Ok(r) => streamed(r.into_inner()),
+        Err(s) => error(&s),
+    }
+}
+
 /// Requests read one after another from a body, as they arrive: a JSON value per request,
 /// separated by nothing or whitespace. Ends at the body's end, at the first request that does
 /// not parse, or at one larger than `limit` bytes.
@@ -245,38 +256,17 @@ async fn not_found() -> Response {
     error(&Status::not_found("Not Found"))
 }
 
-/// A unary route: `svc.method(request)` with the body as the request.
-macro_rules! unary {
-    ($svc:expr, $method:ident, $limit:expr) => {{
+/// A route for `svc.method(request)` with one request in the body, answered by `answer`
+/// ([`reply`] for a unary method, [`reply_stream`] for a server-streaming one).
+macro_rules! route {
+    ($svc:expr, $method:ident, $limit:expr, $answer:ident) => {{
         let svc = $svc.clone();
         let limit = $limit;
         post(move |body: Bytes| {
             let svc = svc.clone();
             async move {
                 match decode(&body, limit) {
-                    Ok(req) => reply(svc.$method(tonic::Request::new(req)).await),
-                    Err(s) => error(&s),
-                }
-            }
-        })
-        .fallback(method_not_allowed)
-    }};
-}
-
-/// A server-streaming route: one request in the body, a line per response.
-macro_rules! server_stream {
-    ($svc:expr, $method:ident, $limit:expr) => {{
-        let svc = $svc.clone();
-        let limit = $limit;
-        post(move |body: Bytes| {
-            let svc = svc.clone();
-            async move {
-                let req = match decode(&body, limit) {
-                    Ok(req) => req,
-                    Err(s) => return error(&s),
-                };
-                match svc.$method(tonic::Request::new(req)).await {
-                    Ok(r) => streamed(r.into_inner()),
+                    Ok(req) => $answer(svc.$method(tonic::Request::new(req)).await),
                     Err(s) => error(&s),
                 }
             }
@@ -323,96 +313,141 @@ pub fn router(core: &Arc<Core>, limit: usize) -> Router {
         bidi(limit, move |input| lease.keep_alive(input))
     };
     Router::new()
-        .route("/v3/kv/range", unary!(kv, range, limit))
-        .route("/v3/kv/put", unary!(kv, put, limit))
-        .route("/v3/kv/deleterange", unary!(kv, delete_range, limit))
-        .route("/v3/kv/txn", unary!(kv, txn, limit))
-        .route("/v3/kv/compaction", unary!(kv, compact, limit))
+        .route("/v3/kv/range", route!(kv, range, limit, reply))
+        .route("/v3/kv/put", route!(kv, put, limit, reply))
+        .route("/v3/kv/deleterange", route!(kv, delete_range, limit, reply))
+        .route("/v3/kv/txn", route!(kv, txn, limit, reply))
+        .route("/v3/kv/compaction", route!(kv, compact, limit, reply))
         .route("/v3/watch", bidi(limit, move |input| watch.open(input)))
-        .route("/v3/lease/grant", unary!(lease, lease_grant, limit))
-        .route("/v3/lease/revoke", unary!(lease, lease_revoke, limit))
-        .route("/v3/kv/lease/revoke", unary!(lease, lease_revoke, limit))
+        .route("/v3/lease/grant", route!(lease, lease_grant, limit, reply))
+        .route(
+            "/v3/lease/revoke",
+            route!(lease, lease_revoke, limit, reply),
+        )
+        .route(
+            "/v3/kv/lease/revoke",
+            route!(lease, lease_revoke, limit, reply),
+        )
         .route("/v3/lease/keepalive", keep_alive)
         .route(
             "/v3/lease/timetolive",
-            unary!(lease, lease_time_to_live, limit),
+            route!(lease, lease_time_to_live, limit, reply),
         )
         .route(
             "/v3/kv/lease/timetolive",
-            unary!(lease, lease_time_to_live, limit),
+            route!(lease, lease_time_to_live, limit, reply),
         )
-        .route("/v3/lease/leases", unary!(lease, lease_leases, limit))
-        .route("/v3/kv/lease/leases", unary!(lease, lease_leases, limit))
-        .route("/v3/cluster/member/add", unary!(cluster, member_add, limit))
+        .route(
+            "/v3/lease/leases",
+            route!(lease, lease_leases, limit, reply),
+        )
+        .route(
+            "/v3/kv/lease/leases",
+            route!(lease, lease_leases, limit, reply),
+        )
+        .route(
+            "/v3/cluster/member/add",
+            route!(cluster, member_add, limit, reply),
+        )
         .route(
             "/v3/cluster/member/remove",
-            unary!(cluster, member_remove, limit),
+            route!(cluster, member_remove, limit, reply),
         )
         .route(
             "/v3/cluster/member/update",
-            unary!(cluster, member_update, limit),
+            route!(cluster, member_update, limit, reply),
         )
         .route(
             "/v3/cluster/member/list",
-            unary!(cluster, member_list, limit),
+            route!(cluster, member_list, limit, reply),
         )
         .route(
             "/v3/cluster/member/promote",
-            unary!(cluster, member_promote, limit),
+            route!(cluster, member_promote, limit, reply),
         )
-        .route("/v3/maintenance/alarm", unary!(mt, alarm, limit))
-        .route("/v3/maintenance/status", unary!(mt, status, limit))
-        .route("/v3/maintenance/defragment", unary!(mt, defragment, limit))
-        .route("/v3/maintenance/hash", unary!(mt, hash, limit))
-        .route("/v3/maintenance/hashkv", unary!(mt, hash_kv, limit))
+        .route("/v3/maintenance/alarm", route!(mt, alarm, limit, reply))
+        .route("/v3/maintenance/status", route!(mt, status, limit, reply))
+        .route(
+            "/v3/maintenance/defragment",
+            route!(mt, defragment, limit, reply),
+        )
+        .route("/v3/maintenance/hash", route!(mt, hash, limit, reply))
+        .route("/v3/maintenance/hashkv", route!(mt, hash_kv, limit, reply))
         .route(
             "/v3/maintenance/snapshot",
-            server_stream!(mt, snapshot, limit),
+            route!(mt, snapshot, limit, reply_stream),
         )
         .route(
             "/v3/maintenance/transfer-leadership",
-            unary!(mt, move_leader, limit),
+            route!(mt, move_leader, limit, reply),
         )
-        .route("/v3/maintenance/downgrade", unary!(mt, downgrade, limit))
-        .route("/v3/auth/enable", unary!(auth, auth_enable, limit))
-        .route("/v3/auth/disable", unary!(auth, auth_disable, limit))
-        .route("/v3/auth/status", unary!(auth, auth_status, limit))
-        .route("/v3/auth/authenticate", unary!(auth, authenticate, limit))
-        .route("/v3/auth/user/add", unary!(auth, user_add, limit))
-        .route("/v3/auth/user/get", unary!(auth, user_get, limit))
-        .route("/v3/auth/user/list", unary!(auth, user_list, limit))
-        .route("/v3/auth/user/delete", unary!(auth, user_delete, limit))
+        .route(
+            "/v3/maintenance/downgrade",
+            route!(mt, downgrade, limit, reply),
+        )
+        .route("/v3/auth/enable", route!(auth, auth_enable, limit, reply))
+        .route("/v3/auth/disable", route!(auth, auth_disable, limit, reply))
+        .route("/v3/auth/status", route!(auth, auth_status, limit, reply))
+        .route(
+            "/v3/auth/authenticate",
+            route!(auth, authenticate, limit, reply),
+        )
+        .route("/v3/auth/user/add", route!(auth, user_add, limit, reply))
+        .route("/v3/auth/user/get", route!(auth, user_get, limit, reply))
+        .route("/v3/auth/user/list", route!(auth, user_list, limit, reply))
+        .route(
+            "/v3/auth/user/delete",
+            route!(auth, user_delete, limit, reply),
+        )
         .route(
             "/v3/auth/user/changepw",
-            unary!(auth, user_change_password, limit),
+            route!(auth, user_change_password, limit, reply),
         )
-        .route("/v3/auth/user/grant", unary!(auth, user_grant_role, limit))
+        .route(
+            "/v3/auth/user/grant",
+            route!(auth, user_grant_role, limit, reply),
+        )
         .route(
             "/v3/auth/user/revoke",
-            unary!(auth, user_revoke_role, limit),
+            route!(auth, user_revoke_role, limit, reply),
         )
-        .route("/v3/auth/role/add", unary!(auth, role_add, limit))
-        .route("/v3/auth/role/get", unary!(auth, role_get, limit))
-        .route("/v3/auth/role/list", unary!(auth, role_list, limit))
-        .route("/v3/auth/role/delete", unary!(auth, role_delete, limit))
+        .route("/v3/auth/role/add", route!(auth, role_add, limit, reply))
+        .route("/v3/auth/role/get", route!(auth, role_get, limit, reply))
+        .route("/v3/auth/role/list", route!(auth, role_list, limit, reply))
+        .route(
+            "/v3/auth/role/delete",
+            route!(auth, role_delete, limit, reply),
+        )
         .route(
             "/v3/auth/role/grant",
-            unary!(auth, role_grant_permission, limit),
+            route!(auth, role_grant_permission, limit, reply),
         )
         .route(
             "/v3/auth/role/revoke",
-            unary!(auth, role_revoke_permission, limit),
+            route!(auth, role_revoke_permission, limit, reply),
         )
-        .route("/v3/lock/lock", unary!(lock, lock, limit))
-        .route("/v3/lock/unlock", unary!(lock, unlock, limit))
-        .route("/v3/election/campaign", unary!(election, campaign, limit))
-        .route("/v3/election/proclaim", unary!(election, proclaim, limit))
-        .route("/v3/election/leader", unary!(election, leader, limit))
+        .route("/v3/lock/lock", route!(lock, lock, limit, reply))
+        .route("/v3/lock/unlock", route!(lock, unlock, limit, reply))
+        .route(
+            "/v3/election/campaign",
+            route!(election, campaign, limit, reply),
+        )
+        .route(
+            "/v3/election/proclaim",
+            route!(election, proclaim, limit, reply),
+        )
+        .route(
+            "/v3/election/leader",
+            route!(election, leader, limit, reply),
+        )
         .route(
             "/v3/election/observe",
-            server_stream!(election, observe, limit),
+            route!(election, observe, limit, reply_stream),
         )
-        .route("/v3/election/resign", unary!(election, resign, limit))
+        .route(
+            "/v3/election/resign",
+            route!(election, resign, limit, reply),
+        )
         .route("/v3/{*rest}", any(not_found))
         .layer(axum::extract::DefaultBodyLimit::max(json_limit(limit)))
 }

@@ -269,8 +269,6 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "etcd_server_version{{server_version=\"{ETCD_API_VERSION}\"}} 1"
     );
     // The histograms and counters the consensus and storage layers keep.
-    consensus::metrics::init();
-    mvcc::init_metrics();
     match prometheus::TextEncoder::new().encode_to_string(&prometheus::gather()) {
         Ok(s) => out.push_str(&s),
         Err(e) => tracing::warn!("encoding metrics: {e}"),

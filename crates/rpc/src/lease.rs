@@ -77,7 +77,7 @@ impl LeaseService {
             let stream = client
                 .lease_keep_alive(ReceiverStream::new(rx))
                 .await
-                .map_err(|s| forward_failed(&s))?
+                .map_err(|s| error::forward_failed(&s))?
                 .into_inner();
             *fwd = Some(Forward {
                 leader,
@@ -99,7 +99,7 @@ impl LeaseService {
             }
             Err(s) => {
                 *fwd = None;
-                Err(forward_failed(&s))
+                Err(error::forward_failed(&s))
             }
         }
     }
@@ -132,16 +132,6 @@ impl LeaseService {
             }
         });
         Box::pin(ReceiverStream::new(rx))
-    }
-}
-
-/// A forwarded request failed: the leader is unreachable or changed.
-fn forward_failed(s: &Status) -> Status {
-    tracing::debug!("forwarding to the leader failed: {s}");
-    if s.code() == tonic::Code::Unavailable {
-        Status::unavailable("etcdserver: leader changed")
-    } else {
-        s.clone()
     }
 }
 
@@ -203,7 +193,7 @@ impl Lease for LeaseService {
             let mut resp = client
                 .lease_time_to_live(r)
                 .await
-                .map_err(|s| forward_failed(&s))?
+                .map_err(|s| error::forward_failed(&s))?
                 .into_inner();
             self.core.fill(&mut resp.header);
             return Ok(Response::new(resp));

@@ -47,6 +47,9 @@ const GRPC_MAX_SEND: usize = i32::MAX as usize;
 
 /// Every etcd service over `core` and the HTTP endpoints beside them, ready to serve.
 pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
+    // `/metrics` lists the consensus and storage histograms before their first sample.
+    consensus::metrics::init();
+    mvcc::init_metrics();
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(Arc::downgrade(core), health));
     let grpc = grpc_services(core).add_service(health_service);

@@ -129,7 +129,7 @@ impl Core {
     /// Whether the NOSPACE alarm is raised anywhere in the cluster.
     pub fn no_space(&self) -> bool {
         let nospace = api::etcdserverpb::AlarmType::Nospace as i32;
-        self.alarms().iter().any(|&(_, a)| a == nospace)
+        self.backend.store().has_alarm(nospace)
     }
 
     /// The alarms raised in the cluster: (member, alarm type).
