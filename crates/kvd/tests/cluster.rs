@@ -353,16 +353,7 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let leader_of = |ep: &str| -> u64 {
-        let s = common::ctl_ok(ep, &["endpoint", "status", "-w", "json"]);
-        let i = s.find("\"leader\":").expect("a leader field") + "\"leader\":".len();
-        s[i..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap()
-    };
+    let leader_of = |ep: &str| common::status_number(ep, "leader");
     let before = leader_of(&ep);
     let voters = common::ctl_ok(&ep, &["member", "list"]);
     let target = voters

@@ -402,14 +402,7 @@ fn etcdctl_lock_and_elect_print_against_kvd_what_they_print_against_etcd() {
 
 /// The data file's size as `etcdctl endpoint status` reports it.
 fn db_size(endpoint: &str) -> u64 {
-    let s = ctl_ok(endpoint, &["endpoint", "status", "-w", "json"]);
-    let i = s.find("\"dbSize\":").expect("dbSize in status") + "\"dbSize\":".len();
-    s[i..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
+    common::status_number(endpoint, "dbSize")
 }
 
 #[test]

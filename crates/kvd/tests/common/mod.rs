@@ -414,3 +414,16 @@ pub fn http_get(client_url: &str, path: &str) -> (u16, String) {
         .to_string();
     (code, body)
 }
+
+/// A number field (`leader`, `dbSize`, …) of `etcdctl endpoint status -w json` at `endpoint`.
+pub fn status_number(endpoint: &str, field: &str) -> u64 {
+    let s = ctl_ok(endpoint, &["endpoint", "status", "-w", "json"]);
+    let pat = format!("\"{field}\":");
+    let i = s.find(&pat).unwrap_or_else(|| panic!("no {field} in {s}")) + pat.len();
+    s[i..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
