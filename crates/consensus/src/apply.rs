@@ -142,7 +142,7 @@ impl<S: StateMachine> Applier<S> {
                 }
             }
         }
-        let _ = self.shared.tx.send(Cmd::Applied(last));
+        self.shared.publish_applied(last);
         let applied = self.sm.applied();
         if applied >= self.durable + self.snapshot_count {
             self.sm.sync().map_err(Error::StateMachine)?;
@@ -160,6 +160,7 @@ impl<S: StateMachine> Applier<S> {
             term,
             "restored the state machine from the leader's snapshot"
         );
+        self.shared.publish_applied(index);
         let _ = self.shared.tx.send(Cmd::Applied(index));
         Ok(())
     }

@@ -330,6 +330,7 @@ impl<O: Send + 'static> Driver<O> {
             if let Err(e) = self.on_ready() {
                 break Err(e);
             }
+            self.answer_applied();
             if !self.spooling {
                 if let Some(want) = self.raw.store().take_wanted() {
                     tracing::debug!(want, "a follower needs a snapshot; spooling one");
@@ -559,17 +560,37 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     fn on_applied(&mut self, index: u64) {
-        self.applied = self.applied.max(index);
-        let log = &self.raw.raft.raft_log;
-        let to = index.min(log.committed).min(log.persisted);
-        if to > log.applied {
-            self.raw.advance_apply_to(to);
-        }
+        self.take_applied(index);
         self.answer_applied();
     }
 
-    /// Answers the membership changes and reads waiting for what is applied now.
+    fn take_applied(&mut self, index: u64) {
+        self.applied = self.applied.max(index);
+        let log = &self.raw.raft.raft_log;
+        let to = self.applied.min(log.committed).min(log.persisted);
+        if to > log.applied {
+            self.raw.advance_apply_to(to);
+        }
+    }
+
+    /// Takes in what the apply thread applied, answers the membership changes and reads waiting
+    /// for it, and tells the apply thread whether to wake this thread when it applies more.
     fn answer_applied(&mut self) {
+        self.take_applied(self.shared.applied());
+        loop {
+            self.answer_applied_now();
+            let want = !self.changes_applied.is_empty()
+                || !self.reads_ready.is_empty()
+                || self.raw.raft.has_pending_conf();
+            let applied = self.shared.want_applied(want);
+            if !want || applied <= self.applied {
+                break;
+            }
+            self.take_applied(applied);
+        }
+    }
+
+    fn answer_applied_now(&mut self) {
         let applied = self.applied;
         let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.changes_applied)
             .into_iter()

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -232,6 +232,11 @@ pub(crate) struct Shared<O> {
     /// Members removed while this node ran (or in the log it replayed): peers refuse their
     /// messages, so a removed member that never got its own removal learns of it.
     pub(crate) removed_ids: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// The last index the apply thread applied. The raft thread reads it on every turn; it is
+    /// woken with `Cmd::Applied` only while `applied_wanted` says something waits for it (a read,
+    /// a membership change), so a plain write costs the raft thread no extra wake-up.
+    applied: AtomicU64,
+    applied_wanted: AtomicBool,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -241,6 +246,27 @@ impl<O> std::fmt::Debug for Shared<O> {
 }
 
 impl<O> Shared<O> {
+    /// The apply thread: `index` is applied. Wakes the raft thread only if it waits for that.
+    pub(crate) fn publish_applied(&self, index: u64) {
+        // SeqCst pairs with `want_applied`: either the raft thread's load sees this index or this
+        // load sees its flag, never neither.
+        self.applied.fetch_max(index, Ordering::SeqCst);
+        if self.applied_wanted.load(Ordering::SeqCst) {
+            let _ = self.tx.send(Cmd::Applied(index));
+        }
+    }
+
+    /// The raft thread: whether it needs to hear of applied entries now; returns what is
+    /// applied so far (read after the flag is set, so nothing published later goes unheard).
+    pub(crate) fn want_applied(&self, want: bool) -> u64 {
+        self.applied_wanted.store(want, Ordering::SeqCst);
+        self.applied.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn applied(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
+    }
+
     /// Answers every outstanding proposal with `err` (the node is going away).
     pub(crate) fn fail_all(&self, err: impl Fn() -> Error) {
         for (_, w) in self.waiters.lock().drain() {
@@ -353,6 +379,8 @@ impl<O: Send + 'static> RaftNode<O> {
             led: Mutex::new(Vec::new()),
             snapshotter,
             removed_ids: Default::default(),
+            applied: AtomicU64::new(0),
+            applied_wanted: AtomicBool::new(false),
         });
         let driver = crate::driver::Driver::open(cfg, start, sm, transport, shared.clone(), rx)?;
         let thread = std::thread::Builder::new()
