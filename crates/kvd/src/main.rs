@@ -1,6 +1,7 @@
 //! `kvd`: one member of a kvd cluster — etcd's flags, the etcd v3 API on the client URLs, the
 //! raft peer protocol on the peer URLs.
 
+mod batched;
 mod config;
 
 use std::net::SocketAddr;
@@ -395,6 +396,7 @@ fn spawn_server(
                 tracing::debug!("TCP_NODELAY: {e}");
             }
         })
+        .map(batched::Batched::new)
     });
     rt.spawn(async move {
         tonic::transport::Server::builder()
