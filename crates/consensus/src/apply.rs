@@ -122,7 +122,9 @@ impl<S: StateMachine> Applier<S> {
             });
             origins.push(origin);
         }
-        if !batch.is_empty() {
+        let outs = if batch.is_empty() {
+            Vec::new()
+        } else {
             fail::fail_point!("raft_before_apply");
             let outs = self.sm.apply(&batch).map_err(Error::StateMachine)?;
             fail::fail_point!("raft_after_apply");
@@ -133,6 +135,12 @@ impl<S: StateMachine> Applier<S> {
                     batch.len()
                 ))));
             }
+            outs
+        };
+        // Published before anyone hears of it: a read point taken after an acknowledgement
+        // covers it.
+        self.shared.publish_applied(last);
+        if !outs.is_empty() {
             let mut waiters = self.shared.waiters.lock();
             for (origin, out) in origins.into_iter().zip(outs) {
                 if let Some((_, seq)) = origin.filter(|o| o.0 == self.shared.id) {
@@ -142,7 +150,6 @@ impl<S: StateMachine> Applier<S> {
                 }
             }
         }
-        self.shared.publish_applied(last);
         let applied = self.sm.applied();
         if applied >= self.durable + self.snapshot_count {
             self.sm.sync().map_err(Error::StateMachine)?;

@@ -850,6 +850,8 @@ impl<O: Send + 'static> Driver<O> {
         let reply = (origin == self.cfg.id)
             .then(|| self.changes.remove(&seq))
             .flatten();
+        // Reads go through raft again until the new configuration is known.
+        self.shared.publish_sole_leader(false, 0);
         let cs = match self.raw.apply_conf_change(&cc) {
             Ok(cs) => cs,
             Err(e) => {
@@ -1036,6 +1038,11 @@ impl<O: Send + 'static> Driver<O> {
 
     fn publish_status(&mut self) {
         let r = &self.raw.raft;
+        let sole = r.state == StateRole::Leader
+            && r.prs().is_singleton()
+            && r.commit_to_current_term()
+            && !self.removed;
+        self.shared.publish_sole_leader(sole, r.raft_log.committed);
         let role = match r.state {
             StateRole::Follower => Role::Follower,
             StateRole::PreCandidate => Role::PreCandidate,

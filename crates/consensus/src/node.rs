@@ -237,6 +237,11 @@ pub(crate) struct Shared<O> {
     /// a membership change), so a plain write costs the raft thread no extra wake-up.
     applied: AtomicU64,
     applied_wanted: AtomicBool,
+    /// Raft's commit index, published by the raft thread before `sole_leader` turns true.
+    committed: AtomicU64,
+    /// This member leads, is the only voter and has committed an entry of its term: no other
+    /// member can hold a newer write, so a linearizable read needs no round through raft.
+    sole_leader: AtomicBool,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -265,6 +270,27 @@ impl<O> Shared<O> {
 
     pub(crate) fn applied(&self) -> u64 {
         self.applied.load(Ordering::SeqCst)
+    }
+
+    /// The raft thread: whether linearizable reads may skip it (see `sole_leader`).
+    pub(crate) fn publish_sole_leader(&self, sole: bool, committed: u64) {
+        if sole {
+            self.committed.store(committed, Ordering::SeqCst);
+        }
+        self.sole_leader.store(sole, Ordering::SeqCst);
+    }
+
+    /// A read point needing no raft round: while this member is the sole leader, every write
+    /// acknowledged in its term was acknowledged here after it was applied; once the commit index
+    /// (which covers what earlier terms acknowledged) is applied too, the applied index is a
+    /// read point.
+    fn sole_read_point(&self) -> Option<u64> {
+        if !self.sole_leader.load(Ordering::SeqCst) {
+            return None;
+        }
+        let committed = self.committed.load(Ordering::SeqCst);
+        let applied = self.applied();
+        (applied >= committed).then_some(applied)
     }
 
     /// Answers every outstanding proposal with `err` (the node is going away).
@@ -381,6 +407,8 @@ impl<O: Send + 'static> RaftNode<O> {
             removed_ids: Default::default(),
             applied: AtomicU64::new(0),
             applied_wanted: AtomicBool::new(false),
+            committed: AtomicU64::new(0),
+            sole_leader: AtomicBool::new(false),
         });
         let driver = crate::driver::Driver::open(cfg, start, sm, transport, shared.clone(), rx)?;
         let thread = std::thread::Builder::new()
@@ -415,11 +443,22 @@ impl<O: Send + 'static> RaftNode<O> {
 
     /// A linearizable read point: resolves with a commit index once this member has applied
     /// at least that far, so a local read then sees every write acknowledged before the call.
-    /// Reads waiting together share one round of heartbeats.
+    /// Reads waiting together share one round of heartbeats; a leader that is the only voter
+    /// answers at once when it has applied its commit index.
     pub fn read_index(&self) -> impl Future<Output = Result<u64>> + Send + 'static {
-        let (tx, rx) = oneshot::channel();
-        let _ = self.send(Cmd::ReadIndex(tx));
-        async move { rx.await.unwrap_or(Err(Error::Stopped)) }
+        let sole = self.shared.sole_read_point();
+        let rx = sole.is_none().then(|| {
+            let (tx, rx) = oneshot::channel();
+            let _ = self.send(Cmd::ReadIndex(tx));
+            rx
+        });
+        async move {
+            match (sole, rx) {
+                (Some(index), _) => Ok(index),
+                (None, Some(rx)) => rx.await.unwrap_or(Err(Error::Stopped)),
+                (None, None) => Err(Error::Stopped),
+            }
+        }
     }
 
     /// Changes the membership; resolves with the member list once the change is applied here.

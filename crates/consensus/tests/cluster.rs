@@ -27,6 +27,37 @@ fn single_member_commits_reads_and_restarts() {
     assert_eq!(c.states[&1].lock().log.len(), 201);
 }
 
+/// A sole voter answers read points without a raft round (see `RaftNode::read_index`): each
+/// must still cover every write acknowledged before it, also right after a restart.
+#[test]
+fn sole_voter_read_points_cover_every_acknowledged_write() {
+    let mut c = Cluster::new(1, |cfg| {
+        fast(cfg);
+        cfg.snapshot_count = 50;
+    });
+    c.leader();
+    let read_after = |c: &Cluster, acked: u64| {
+        let ri = c.read_index(1).unwrap();
+        let applied = c.states[&1].lock().applied;
+        assert!(
+            ri >= acked && applied >= ri,
+            "read point {ri} with {applied} applied, after a write acknowledged at {acked}"
+        );
+    };
+    for round in 0..3 {
+        for i in 0..100 {
+            let acked = c.propose(1, format!("{round}-{i}").into_bytes()).unwrap();
+            read_after(&c, acked);
+        }
+        c.stop(1);
+        c.restart(1);
+        c.leader();
+        let acked = c.acked.lock().iter().map(|a| a.1).max().unwrap();
+        read_after(&c, acked);
+    }
+    c.check();
+}
+
 #[test]
 fn three_members_elect_replicate_and_forward() {
     let c = Cluster::new(3, fast);
