@@ -225,9 +225,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
     let mut server = ServerConfig::new(&f.name);
     server.max_request_bytes = f.max_request_bytes;
     server.max_txn_ops = f.max_txn_ops;
-    if f.quota_backend_bytes > 0 {
-        server.quota_backend_bytes = f.quota_backend_bytes;
-    }
+    server.quota_backend_bytes = f.quota_backend_bytes;
     server.cluster_token = token.clone();
     server.client_urls = client_urls;
     server.election_timeout = election;

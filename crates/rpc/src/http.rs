@@ -236,7 +236,7 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "etcd_server_quota_backend_bytes",
         "gauge",
         "Current backend storage quota size in bytes.",
-        core.cfg.quota_backend_bytes,
+        core.cfg.quota(),
     );
     metric(
         &mut out,

@@ -158,6 +158,7 @@ impl Maintenance for MaintenanceService {
             db_size_in_use: db_size,
             is_learner,
             storage_version: STORAGE_VERSION.into(),
+            // As etcd: the flag as given (0 when unset), not the quota in force.
             db_size_quota: self.core.cfg.quota_backend_bytes as i64,
             // As etcd: present, not enabled (kvd has no downgrades).
             downgrade_info: Some(Default::default()),

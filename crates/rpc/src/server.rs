@@ -42,7 +42,7 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// `--max-txn-ops`.
     pub max_txn_ops: usize,
-    /// `--quota-backend-bytes` (0 = etcd's default, 2 GiB).
+    /// `--quota-backend-bytes` as given (0 = etcd's default, 2 GiB; see [`ServerConfig::quota`]).
     pub quota_backend_bytes: u64,
     /// `--initial-cluster-token`: mixed into the ids of members added later.
     pub cluster_token: String,
@@ -62,12 +62,20 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// The backend quota in force: `--quota-backend-bytes`, or 2 GiB when it is 0.
+    pub fn quota(&self) -> u64 {
+        match self.quota_backend_bytes {
+            0 => DEFAULT_QUOTA_BACKEND_BYTES,
+            q => q,
+        }
+    }
+
     pub fn new(name: impl Into<String>) -> Self {
         ServerConfig {
             name: name.into(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_txn_ops: mvcc::validate::DEFAULT_MAX_TXN_OPS,
-            quota_backend_bytes: DEFAULT_QUOTA_BACKEND_BYTES,
+            quota_backend_bytes: 0,
             cluster_token: "etcd-cluster".into(),
             client_urls: Vec::new(),
             election_timeout: Duration::from_secs(1),
@@ -145,12 +153,12 @@ impl Core {
             return Err(error::no_space());
         }
         let size = self.backend.store().db().file_size();
-        if size + cost as u64 <= self.cfg.quota_backend_bytes {
+        if size + cost as u64 <= self.cfg.quota() {
             return Ok(());
         }
         tracing::warn!(
             size,
-            quota = self.cfg.quota_backend_bytes,
+            quota = self.cfg.quota(),
             "the data file is over its quota: raising the NOSPACE alarm"
         );
         let alarm = api::etcdserverpb::AlarmRequest {
