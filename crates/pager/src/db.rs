@@ -51,6 +51,20 @@ pub(crate) struct Published {
     pub map: Arc<Map>,
     /// Open read transactions by the txid they read.
     pub readers: BTreeMap<TxId, usize>,
+    /// Pages `meta`'s commit does not reach: free, or freed and waiting to be reusable.
+    pub unreachable_pages: u64,
+}
+
+/// The space the newest commit occupies, as bbolt reports it to etcd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes below the high-water mark (the file itself is grown in larger chunks): what etcd
+    /// reports as `dbSize` and checks against its quota.
+    pub size: u64,
+    /// `size` less the pages the newest commit does not reach: etcd's `dbSizeInUse`. (bbolt
+    /// counts pages freed but not yet reusable as in use; etcd's durable commits every 100 ms
+    /// make them reusable at once, while kvd's pager keeps them until its next sync.)
+    pub in_use: u64,
 }
 
 /// The writer's state: the only one who allocates pages and writes the file.
@@ -186,6 +200,7 @@ impl Db {
             (Vec::new(), None)
         };
         let free = Freelist::new(opts.freelist, &freelist::runs_of(&ids));
+        let unreachable_pages = free.free_count();
         let writer = Writer {
             meta,
             map: map.clone(),
@@ -201,6 +216,7 @@ impl Db {
             meta,
             map,
             readers: BTreeMap::new(),
+            unreachable_pages,
         };
         Ok(Db {
             shared: Arc::new(Shared {
@@ -223,6 +239,16 @@ impl Db {
     /// for every request's quota check).
     pub fn file_size(&self) -> u64 {
         self.shared.published.lock().map.len() as u64
+    }
+
+    /// The space the newest commit occupies (no system call, no writer lock).
+    pub fn space(&self) -> Space {
+        let p = self.shared.published.lock();
+        let ps = self.shared.page_size as u64;
+        Space {
+            size: p.meta.high_water * ps,
+            in_use: p.meta.high_water.saturating_sub(p.unreachable_pages) * ps,
+        }
     }
 
     /// Bytes per page.

@@ -40,7 +40,7 @@ mod tx;
 
 pub use btree::cursor::{Cursor, Entry, Range};
 pub use check::Stats;
-pub use db::{Db, Options, MAX_VALUE_LEN};
+pub use db::{Db, Options, Space, MAX_VALUE_LEN};
 pub use error::{Error, Result};
 pub use freelist::FreelistKind;
 pub use page::{PageId, TxId};

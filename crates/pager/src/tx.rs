@@ -426,6 +426,7 @@ impl<'db> WriteTxn<'db> {
                 w.meta = meta;
                 let mut p = self.shared.published.lock();
                 p.meta = meta;
+                p.unreachable_pages = w.freelist.free_count() + w.freelist.pending_count();
                 p.map = w.map.clone();
                 Ok(())
             }

@@ -82,6 +82,15 @@ fn opts(kind: FreelistKind, fill_percent: f64) -> Options {
     }
 }
 
+/// `space()` (kept at each commit, without a walk) agrees with what a full walk counts.
+fn assert_space(db: &Db) {
+    let (st, sp) = (db.stats(), db.space());
+    let ps = st.page_size as u64;
+    assert_eq!(sp.size, st.high_water * ps, "{st:?}");
+    let unreachable = st.free_pages + st.pending_pages;
+    assert_eq!(sp.in_use, (st.high_water - unreachable) * ps, "{st:?}");
+}
+
 fn assert_matches(db: &Db, model: &Model) -> Result<(), TestCaseError> {
     let r = db.begin_read().unwrap();
     let names = r.buckets().unwrap();
@@ -207,6 +216,7 @@ fn run(steps: Vec<Step>, dir: &Path, fill: f64) -> Result<(), TestCaseError> {
                     }
                 }
                 db.check().unwrap();
+                assert_space(&db);
                 assert_matches(&db, &committed)?;
             }
             Step::Sync => {
@@ -229,6 +239,7 @@ fn run(steps: Vec<Step>, dir: &Path, fill: f64) -> Result<(), TestCaseError> {
                 };
                 db = Db::open(&path, opts(kind, fill)).unwrap();
                 db.check().unwrap();
+                assert_space(&db);
                 assert_matches(&db, &committed)?;
             }
             Step::Compact => {

@@ -179,7 +179,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
 async fn metrics(State(core): State<Arc<Core>>) -> Response {
     let st = core.node.status();
     let store = core.backend.store();
-    let db_size = store.db().file_size();
+    let space = store.db().space();
     let mut out = String::new();
     let b = |v: bool| u8::from(v);
     metric(
@@ -243,7 +243,14 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "etcd_mvcc_db_total_size_in_bytes",
         "gauge",
         "Total size of the underlying database physically allocated in bytes.",
-        db_size,
+        space.size,
+    );
+    metric(
+        &mut out,
+        "etcd_mvcc_db_total_size_in_use_in_bytes",
+        "gauge",
+        "Total size of the underlying database logically in use in bytes.",
+        space.in_use,
     );
     metric(
         &mut out,

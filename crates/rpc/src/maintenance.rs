@@ -138,7 +138,8 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<StatusResponse>, Status> {
         let st = self.core.node.status();
         let store = self.core.backend.store();
-        let db_size = store.db().file_size() as i64;
+        // As bbolt reports them to etcd: up to the high-water mark, and that less free pages.
+        let space = store.db().space();
         let errors = self
             .core
             .alarms()
@@ -149,13 +150,13 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(StatusResponse {
             header: Some(self.core.header(store.rev())),
             version: ETCD_API_VERSION.into(),
-            db_size,
+            db_size: space.size as i64,
             leader: st.leader.unwrap_or(0),
             raft_index: st.commit,
             raft_term: st.term,
             raft_applied_index: st.applied,
             errors,
-            db_size_in_use: db_size,
+            db_size_in_use: space.in_use as i64,
             is_learner,
             storage_version: STORAGE_VERSION.into(),
             // As etcd: the flag as given (0 when unset), not the quota in force.

@@ -152,7 +152,8 @@ impl Core {
         if self.no_space() {
             return Err(error::no_space());
         }
-        let size = self.backend.store().db().file_size();
+        // etcd's measure: the data up to the high-water mark (the file grows in larger chunks).
+        let size = self.backend.store().db().space().size;
         if size + cost as u64 <= self.cfg.quota() {
             return Ok(());
         }
