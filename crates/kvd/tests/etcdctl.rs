@@ -537,23 +537,27 @@ fn normalize_cluster(s: &str, endpoints: &str) -> String {
 
 /// etcdctl's cluster commands against a three-member cluster: add and remove a member and a
 /// learner, promote a learner that never started, remove an unknown member, move leadership.
+/// Runs etcdctl against `eps`, adding the command and its normalized answer to `out`; returns
+/// its standard output as printed.
+fn transcribe(out: &mut Vec<String>, eps: &str, args: &[&str]) -> String {
+    let o = ctl(eps, args);
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    out.push(format!(
+        "$ etcdctl {}\n[exit {}]\n{}{}",
+        normalize_cluster(&args.join(" "), eps),
+        o.status.code().unwrap_or(-1),
+        normalize_cluster(&stdout, eps),
+        normalize_cluster(&String::from_utf8_lossy(&o.stderr), eps)
+    ));
+    stdout
+}
+
 fn cluster_script(ms: &[Addrs]) -> Vec<String> {
     let eps: Vec<String> = ms.iter().map(Addrs::endpoint).collect();
     let eps = eps.join(",");
     let peer = || format!("http://127.0.0.1:{}", common::free_port());
     let mut out = Vec::new();
-    let mut run = |args: &[&str]| -> String {
-        let o = ctl(&eps, args);
-        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
-        out.push(format!(
-            "$ etcdctl {}\n[exit {}]\n{}{}",
-            normalize_cluster(&args.join(" "), &eps),
-            o.status.code().unwrap_or(-1),
-            normalize_cluster(&stdout, &eps),
-            normalize_cluster(&String::from_utf8_lossy(&o.stderr), &eps)
-        ));
-        stdout
-    };
+    let mut run = |args: &[&str]| transcribe(&mut out, &eps, args);
     let id_of = |added: &str| added.split_whitespace().nth(1).unwrap_or("0").to_string();
     let added = run(&["member", "add", "d", "--peer-urls", &peer()]);
     run(&["member", "list"]);
@@ -592,4 +596,35 @@ fn etcdctl_member_commands_print_against_kvd_what_they_print_against_etcd() {
     let all = want.join("\n");
     assert!(all.contains("added to cluster"), "{all}");
     assert!(all.contains("removed from cluster"), "{all}");
+
+    // With one follower down, removing the other live follower would leave one live voter of
+    // two: refused ("unhealthy cluster"); removing the member that is down is fine.
+    let want = with_a_follower_down(&es, &mut etcds);
+    let got = with_a_follower_down(&ks, &mut kvds);
+    common::assert_same_answers(&want, &got);
+    let all = want.join("\n");
+    assert!(all.contains("unhealthy cluster"), "{all}");
+}
+
+/// Kills a follower of the cluster `ms` (run by `procs`), then tries removing the other
+/// follower and the one that is down; etcdctl's answers.
+fn with_a_follower_down(ms: &[Addrs], procs: &mut [Proc]) -> Vec<String> {
+    let ids: Vec<u64> = ms
+        .iter()
+        .map(|m| common::status_number(&m.endpoint(), "member_id"))
+        .collect();
+    let leader = common::status_number(&ms[0].endpoint(), "leader");
+    let followers: Vec<usize> = (0..ms.len()).filter(|&i| ids[i] != leader).collect();
+    let (down, live) = (followers[0], followers[1]);
+    procs[down].kill();
+    // Long enough for the leader to see the member gone (a broken stream, a failed probe).
+    std::thread::sleep(Duration::from_secs(3));
+    let l = ids.iter().position(|&id| id == leader).unwrap();
+    let ep = ms[l].endpoint();
+    let mut out = Vec::new();
+    let (live, down) = (format!("{:x}", ids[live]), format!("{:x}", ids[down]));
+    transcribe(&mut out, &ep, &["member", "remove", &live]);
+    transcribe(&mut out, &ep, &["member", "remove", &down]);
+    transcribe(&mut out, &ep, &["member", "list"]);
+    out
 }

@@ -1,9 +1,9 @@
 //! `etcdserverpb.Cluster`: the member list and membership changes, through consensus, with
 //! etcd's checks: a learner is promoted only once it holds 90 % of the leader's log, and with
 //! `--strict-reconfig-check` (on by default) a voter is added or promoted only while enough
-//! members are started to keep a quorum, and a member added only while the leader has
-//! replicated to every voter for 5 s. The leader alone knows that: a follower forwards adds and
-//! promotions.
+//! members are started to keep a quorum, a member added only while the leader has replicated to
+//! every voter for 5 s, and a live voter removed only while the other live voters keep a
+//! quorum. The leader alone knows that: a follower forwards adds, promotions and removals.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -54,6 +54,10 @@ const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 /// The share of the leader's log a learner must hold to be promoted (etcd's).
 const LEARNER_READY: f64 = 0.9;
 
+fn unhealthy() -> Status {
+    Status::unavailable("etcdserver: unhealthy cluster")
+}
+
 fn not_enough_started() -> Status {
     Status::failed_precondition(
         "etcdserver: re-configuration failed due to not enough started members",
@@ -67,6 +71,29 @@ fn ready_for_one_more_voter(members: &Members) -> bool {
     let started = voters.iter().filter(|m| !m.name.is_empty()).count();
     let after = voters.len() + 1;
     (started == 1 && after == 2) || started > after / 2
+}
+
+/// Whether the started voters other than `id` make a quorum of the voters other than `id`
+/// (etcd's IsReadyToRemoveVotingMember).
+fn ready_to_remove_voter(members: &Members, id: u64) -> bool {
+    let rest: Vec<&Member> = members
+        .iter()
+        .filter(|m| !m.is_learner && m.id != id)
+        .collect();
+    let started = rest.iter().filter(|m| !m.name.is_empty()).count();
+    started > rest.len() / 2
+}
+
+/// On the leader: whether peer `id` has taken replication for `HEALTH_INTERVAL` (this member
+/// always counts), as etcd asks its transport how long a peer has been connected.
+fn active(st: &consensus::Status, id: u64, since: Option<Instant>) -> bool {
+    id == st.id
+        || st
+            .peers
+            .get(&id)
+            .and_then(|p| p.active_since)
+            .zip(since)
+            .is_some_and(|(a, s)| a <= s)
 }
 
 impl ClusterService {
@@ -83,16 +110,37 @@ impl ClusterService {
         let healthy = st
             .members
             .iter()
-            .filter(|m| !m.is_learner && m.id != st.id)
-            .all(|m| {
-                st.peers
-                    .get(&m.id)
-                    .and_then(|p| p.active_since)
-                    .zip(since)
-                    .is_some_and(|(a, s)| a <= s)
-            });
+            .filter(|m| !m.is_learner)
+            .all(|m| active(&st, m.id, since));
         if !healthy {
-            return Err(Status::unavailable("etcdserver: unhealthy cluster"));
+            return Err(unhealthy());
+        }
+        Ok(())
+    }
+
+    /// On the leader: etcd's checks before removing member `id`. A learner or a member that is
+    /// down may always go; a live voter only if the live voters left keep a quorum.
+    fn may_remove(&self, id: u64) -> Result<(), Status> {
+        if !self.core.cfg.strict_reconfig_check {
+            return Ok(());
+        }
+        let st = self.core.node.status();
+        // An unknown id: the change itself answers "member not found".
+        if st.members.get(id).is_none_or(|m| m.is_learner) {
+            return Ok(());
+        }
+        if !ready_to_remove_voter(&st.members, id) {
+            return Err(not_enough_started());
+        }
+        let down = st.peers.get(&id).is_none_or(|p| p.active_since.is_none());
+        if id != st.id && down {
+            return Ok(());
+        }
+        let since = Instant::now().checked_sub(HEALTH_INTERVAL);
+        let voters: Vec<&Member> = st.members.iter().filter(|m| !m.is_learner).collect();
+        let live = voters.iter().filter(|m| active(&st, m.id, since)).count();
+        if live.saturating_sub(1) < 1 + (voters.len() - 1) / 2 {
+            return Err(unhealthy());
         }
         Ok(())
     }
@@ -211,7 +259,13 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        let members = self.change(Change::Remove(req.into_inner().id)).await?;
+        let id = req.into_inner().id;
+        if !self.core.is_leader() {
+            let mut leader = self.leader()?;
+            return forwarded(leader.member_remove(MemberRemoveRequest { id }).await);
+        }
+        self.may_remove(id)?;
+        let members = self.change(Change::Remove(id)).await?;
         Ok(Response::new(MemberRemoveResponse {
             header: self.header(),
             members,
@@ -315,6 +369,33 @@ mod tests {
             m(2, "b", false),
             m(5, "", true)
         ])));
+    }
+
+    #[test]
+    fn a_voter_is_removed_only_while_the_other_started_voters_keep_a_quorum() {
+        let m = |id: u64, name: &str| Member {
+            id,
+            name: name.into(),
+            peer_urls: vec![format!("http://h:{id}")],
+            client_urls: Vec::new(),
+            is_learner: false,
+        };
+        let ms = Members::new;
+        // 2 others, both started: a quorum of 2.
+        assert!(ready_to_remove_voter(
+            &ms(vec![m(1, "a"), m(2, "b"), m(3, "c")]),
+            3
+        ));
+        // 2 others, one never started: 1 of 2 is no quorum.
+        assert!(!ready_to_remove_voter(
+            &ms(vec![m(1, "a"), m(2, ""), m(3, "c")]),
+            3
+        ));
+        // Removing the member that never started leaves 2 started of 2.
+        assert!(ready_to_remove_voter(
+            &ms(vec![m(1, "a"), m(2, ""), m(3, "c")]),
+            2
+        ));
     }
 
     #[test]
