@@ -1068,7 +1068,6 @@ impl<O: Send + 'static> Driver<O> {
         st.snapshot_index = self.snapshot_index;
         st.removed = self.removed;
         if role == Role::Leader {
-            let now = std::time::Instant::now();
             let prs = r.prs();
             st.peers.retain(|id, _| prs.get(*id).is_some());
             for (&id, pr) in prs.iter() {
@@ -1077,12 +1076,7 @@ impl<O: Send + 'static> Driver<O> {
                 }
                 let p = st.peers.entry(id).or_default();
                 p.matched = pr.matched;
-                // Replicating: the peer answers (an unreachable one falls back to probing).
-                if pr.state == raft::ProgressState::Replicate {
-                    p.active_since.get_or_insert(now);
-                } else {
-                    p.active_since = None;
-                }
+                p.active_since = self.transport.active_since(id);
             }
             st.last_index = r.raft_log.last_index();
         } else if !st.peers.is_empty() {

@@ -389,6 +389,9 @@ struct Ident {
     me: u64,
 }
 
+/// Since when each peer's stream has been up (a peer leaves it when its stream breaks).
+type Active = Arc<Mutex<HashMap<u64, std::time::Instant>>>;
+
 /// The sending side: implements [`Transport`] with one stream per peer.
 #[derive(Debug)]
 pub struct GrpcTransport {
@@ -397,6 +400,7 @@ pub struct GrpcTransport {
     reporter: Option<Reporter>,
     peers: HashMap<u64, PeerLink>,
     errors: Arc<Mutex<HashMap<u64, String>>>,
+    active: Active,
 }
 
 impl GrpcTransport {
@@ -411,6 +415,7 @@ impl GrpcTransport {
             reporter: None,
             peers: HashMap::new(),
             errors: Arc::new(Mutex::new(HashMap::new())),
+            active: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -463,6 +468,10 @@ impl Transport for GrpcTransport {
         });
     }
 
+    fn active_since(&self, peer: u64) -> Option<std::time::Instant> {
+        self.active.lock().get(&peer).copied()
+    }
+
     fn update_members(&mut self, members: &Members) {
         self.peers
             .retain(|id, p| members.get(*id).is_some_and(|m| m.peer_urls == p.urls));
@@ -481,6 +490,7 @@ impl Transport for GrpcTransport {
                 rx,
                 reporter.clone(),
                 self.errors.clone(),
+                self.active.clone(),
             ));
             self.peers.insert(
                 m.id,
@@ -533,13 +543,14 @@ async fn run_peer(
     mut rx: mpsc::Receiver<Message>,
     reporter: Reporter,
     errors: Arc<Mutex<HashMap<u64, String>>>,
+    active: Active,
 ) {
     let mut backoff = BACKOFF_MIN;
     let mut attempt = 0usize;
     loop {
         let url = &urls[attempt % urls.len()];
         attempt += 1;
-        match stream_to(ident, to, url, &mut rx, &errors).await {
+        match stream_to(ident, to, url, &mut rx, &errors, &active).await {
             Ok(()) => return, // the node dropped this peer
             Err(e) if e.contains(REMOVED) => {
                 tracing::warn!(peer = %format!("{to:x}"), "{e}");
@@ -567,6 +578,7 @@ async fn stream_to(
     url: &str,
     rx: &mut mpsc::Receiver<Message>,
     errors: &Mutex<HashMap<u64, String>>,
+    active: &Mutex<HashMap<u64, std::time::Instant>>,
 ) -> Result<(), String> {
     // A peer that accepts connections but never answers must not hold the link forever.
     let open = async {
@@ -589,6 +601,8 @@ async fn stream_to(
         .await
         .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
     errors.lock().remove(&to);
+    active.lock().insert(to, std::time::Instant::now());
+    let _up = Up { active, to };
     let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
     let _prober = Prober(tokio::spawn(probe(ident, to, url.to_string())));
     loop {
@@ -619,6 +633,18 @@ async fn stream_to(
                 });
             }
         }
+    }
+}
+
+/// Marks a peer's stream down when it ends, however it ends.
+struct Up<'a> {
+    active: &'a Mutex<HashMap<u64, std::time::Instant>>,
+    to: u64,
+}
+
+impl Drop for Up<'_> {
+    fn drop(&mut self) {
+        self.active.lock().remove(&self.to);
     }
 }
 

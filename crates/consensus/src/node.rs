@@ -212,8 +212,8 @@ pub struct Status {
 pub struct PeerProgress {
     /// The highest log index known to be replicated there.
     pub matched: u64,
-    /// Since when the leader has been replicating to it without interruption (a peer that
-    /// cannot be reached falls back to probing), if it is.
+    /// Since when the leader's link to it has been up without a break, if it is
+    /// ([`crate::Transport::active_since`]).
     pub active_since: Option<std::time::Instant>,
 }
 

@@ -21,6 +21,13 @@ pub trait Transport: Send + 'static {
     fn send_snapshot(&mut self, msg: Message, data: PathBuf, done: SnapshotDone);
     /// The member list changed: connect to new peers, drop removed ones.
     fn update_members(&mut self, members: &Members);
+    /// Since when the link to `peer` has been up without a break (etcd's transport
+    /// `ActiveSince`): the leader's membership checks count a peer as live only once it has
+    /// been for a while. `None`: not connected now (or a transport that cannot tell, whose
+    /// peers then never count as live).
+    fn active_since(&self, _peer: u64) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// Tells the node what became of messages it sent.

@@ -370,8 +370,24 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
     );
     assert_eq!(format!("{:x}", leader_of(&ep)), target);
 
-    let promoted = common::ctl_ok(&ep, &["member", "promote", &id]);
-    assert!(promoted.contains("promoted"), "{promoted}");
+    // Promoted through a follower, which forwards the promotion to the leader and answers
+    // under its own header, as etcd's members fill every header themselves.
+    let follower = ms[..3]
+        .iter()
+        .map(Addrs::endpoint)
+        .find(|ep| format!("{:x}", common::status_number(ep, "member_id")) != target)
+        .unwrap();
+    let promoted = common::ctl_ok(&follower, &["member", "promote", &id, "-w", "json"]);
+    let answered_by = promoted
+        .split("\"member_id\":")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse::<u64>().ok());
+    assert_eq!(
+        answered_by,
+        Some(common::status_number(&follower, "member_id")),
+        "{promoted}"
+    );
     pd.wait_ready();
     common::ctl_ok(&d.endpoint(), &["put", "from-d", "ok"]);
     assert_eq!(

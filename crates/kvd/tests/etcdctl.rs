@@ -619,8 +619,9 @@ fn with_a_follower_down(ms: &[Addrs], procs: &mut [Proc]) -> Vec<String> {
     procs[down].kill();
     // Long enough for the leader to see the member gone (a broken stream, a failed probe).
     std::thread::sleep(Duration::from_secs(3));
+    // Either live member answers (a follower forwards removals to its leader).
     let l = ids.iter().position(|&id| id == leader).unwrap();
-    let ep = ms[l].endpoint();
+    let ep = format!("{},{}", ms[l].endpoint(), ms[live].endpoint());
     let mut out = Vec::new();
     let (live, down) = (format!("{:x}", ids[live]), format!("{:x}", ids[down]));
     transcribe(&mut out, &ep, &["member", "remove", &live]);

@@ -84,8 +84,8 @@ fn ready_to_remove_voter(members: &Members, id: u64) -> bool {
     started > rest.len() / 2
 }
 
-/// On the leader: whether peer `id` has taken replication for `HEALTH_INTERVAL` (this member
-/// always counts), as etcd asks its transport how long a peer has been connected.
+/// On the leader: whether peer `id` has been connected for `HEALTH_INTERVAL` (this member always
+/// counts), as etcd asks its transport.
 fn active(st: &consensus::Status, id: u64, since: Option<Instant>) -> bool {
     id == st.id
         || st
@@ -174,9 +174,16 @@ impl ClusterService {
     }
 }
 
-/// The leader's answer to a forwarded request.
-fn forwarded<T>(r: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
-    r.map_err(|s| error::forward_failed(&s))
+/// The leader's answer to a forwarded request, under this member's header (etcd fills every
+/// header on the member that answers the client).
+fn forwarded<T>(
+    r: Result<Response<T>, Status>,
+    header: impl FnOnce(&mut T) -> &mut Option<ResponseHeader>,
+    own: Option<ResponseHeader>,
+) -> Result<Response<T>, Status> {
+    let mut r = r.map_err(|s| error::forward_failed(&s))?;
+    *header(r.get_mut()) = own;
+    Ok(r)
 }
 
 /// The member list as etcd's messages.
@@ -229,7 +236,8 @@ impl Cluster for ClusterService {
             return Err(error::peer_url_exists());
         }
         if !self.core.is_leader() {
-            return forwarded(self.leader()?.member_add(r).await);
+            let answer = self.leader()?.member_add(r).await;
+            return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_add(r.is_learner)?;
         let now = SystemTime::now()
@@ -262,7 +270,8 @@ impl Cluster for ClusterService {
         let id = req.into_inner().id;
         if !self.core.is_leader() {
             let mut leader = self.leader()?;
-            return forwarded(leader.member_remove(MemberRemoveRequest { id }).await);
+            let answer = leader.member_remove(MemberRemoveRequest { id }).await;
+            return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_remove(id)?;
         let members = self.change(Change::Remove(id)).await?;
@@ -317,7 +326,8 @@ impl Cluster for ClusterService {
         let id = req.into_inner().id;
         if !self.core.is_leader() {
             let mut leader = self.leader()?;
-            return forwarded(leader.member_promote(MemberPromoteRequest { id }).await);
+            let answer = leader.member_promote(MemberPromoteRequest { id }).await;
+            return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_promote(id)?;
         let members = self.change(Change::Promote(id)).await?;
