@@ -1,12 +1,16 @@
 //! The apply thread: feeds committed entries to the state machine in order, answers the
 //! proposals made on this member, restores snapshots from the leader, and asks for durability
-//! every `snapshot_count` entries.
+//! every `snapshot_count` entries. While it idles, the raft thread applies a small batch itself
+//! ([`ApplyQueue::entries`]): a lone client's write then costs one thread wake-up less.
 
 use std::fs::{self, File};
 use std::io::BufReader;
-use std::sync::mpsc::Receiver;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
 
 use raft::eraftpb::{Entry, EntryType};
 
@@ -61,23 +65,76 @@ pub(crate) struct Applier<S: StateMachine> {
     durable: u64,
 }
 
+/// The most entries, and bytes, the raft thread applies itself.
+const INLINE_ENTRIES: usize = 16;
+const INLINE_BYTES: usize = 64 << 10;
+
+/// The raft thread's way to the state machine: the apply thread's queue, or the state machine
+/// itself while that thread has nothing to do.
+pub(crate) struct ApplyQueue {
+    tx: Sender<ApplyTask>,
+    /// Tasks sent and not finished. Only the raft thread adds, and the apply thread subtracts
+    /// after letting go of the state machine: 0 means it idles and will until the next send.
+    pending: Arc<AtomicUsize>,
+    /// Applies a batch on the calling thread, unless the state machine is busy or the batch
+    /// would make it sync (slow: left to the apply thread).
+    inline: Box<Inline>,
+}
+
+type Inline = dyn FnMut(&[Entry]) -> Option<Result<()>> + Send;
+
+impl std::fmt::Debug for ApplyQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApplyQueue")
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl ApplyQueue {
+    pub(crate) fn send(&self, task: ApplyTask) -> Result<()> {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(task).map_err(|_| {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            Error::Stopped
+        })
+    }
+
+    /// Committed entries, in log order after everything sent before.
+    pub(crate) fn entries(&mut self, entries: Vec<Entry>) -> Result<()> {
+        let small = entries.len() <= INLINE_ENTRIES
+            && entries.iter().map(|e| e.data.len()).sum::<usize>() <= INLINE_BYTES;
+        if small && self.pending.load(Ordering::SeqCst) == 0 {
+            if let Some(r) = (self.inline)(&entries) {
+                return r;
+            }
+        }
+        self.send(ApplyTask::Entries(entries))
+    }
+}
+
 impl<S: StateMachine> Applier<S> {
+    /// Starts the apply thread over `sm`; returns it and the queue to it.
     pub(crate) fn spawn(
         sm: S,
         shared: Arc<Shared<S::Output>>,
         snapshot_count: u64,
         durable: u64,
-        rx: Receiver<ApplyTask>,
-    ) -> std::io::Result<JoinHandle<()>> {
+    ) -> std::io::Result<(JoinHandle<()>, ApplyQueue)> {
         let name = format!("apply-{:x}", shared.id);
-        let mut a = Applier {
+        let id = shared.id;
+        let a = Arc::new(Mutex::new(Applier {
             sm,
             shared,
             snapshot_count: snapshot_count.max(1),
             durable,
-        };
-        std::thread::Builder::new().name(name).spawn(move || {
+        }));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        let (a2, pending2) = (a.clone(), pending.clone());
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
             while let Ok(task) = rx.recv() {
+                let mut a = a2.lock();
                 let r = match task {
                     ApplyTask::Entries(es) => a.apply(&es),
                     ApplyTask::Restore { index, term } => a.restore(index, term),
@@ -85,12 +142,34 @@ impl<S: StateMachine> Applier<S> {
                     ApplyTask::Stop => break,
                 };
                 if let Err(e) = r {
-                    tracing::error!(member = %format!("{:x}", a.shared.id), "apply failed: {e}");
+                    tracing::error!(member = %format!("{id:x}"), "apply failed: {e}");
                     let _ = a.shared.tx.send(Cmd::Fatal(e));
                     break;
                 }
+                drop(a);
+                pending2.fetch_sub(1, Ordering::SeqCst);
             }
-        })
+        })?;
+        let inline = Box::new(move |es: &[Entry]| {
+            let mut a = a.try_lock()?;
+            let syncs = es
+                .last()
+                .is_some_and(|e| e.index >= a.durable + a.snapshot_count);
+            if syncs {
+                return None;
+            }
+            Some(a.apply(es).inspect_err(|e| {
+                tracing::error!(member = %format!("{id:x}"), "apply failed: {e}");
+            }))
+        });
+        Ok((
+            thread,
+            ApplyQueue {
+                tx,
+                pending,
+                inline,
+            },
+        ))
     }
 
     fn apply(&mut self, entries: &[Entry]) -> Result<()> {

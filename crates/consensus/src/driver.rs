@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::mem;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -15,7 +15,7 @@ use raft::eraftpb::{
 use raft::{RawNode, ReadOnlyOption, ReadState, SnapshotStatus, StateRole};
 use tokio::sync::oneshot;
 
-use crate::apply::{restore_received, Applier, ApplyTask};
+use crate::apply::{restore_received, Applier, ApplyQueue, ApplyTask};
 use crate::log::LogStore;
 use crate::member::{Member, Members};
 use crate::node::{
@@ -92,7 +92,7 @@ pub(crate) struct Driver<O: Send + 'static> {
     reporter: Reporter,
     shared: Arc<Shared<O>>,
     rx: Receiver<Cmd>,
-    apply_tx: Sender<ApplyTask>,
+    apply: ApplyQueue,
     apply_thread: Option<JoinHandle<()>>,
     /// The configuration and members from each change on, oldest first (the first is the
     /// snapshot's): a snapshot at index i records the last one at or before i.
@@ -241,9 +241,8 @@ impl<O: Send + 'static> Driver<O> {
         };
         raft_cfg.validate()?;
         let raw = RawNode::new(&raft_cfg, store, &crate::logger::raft_logger(cfg.id))?;
-        let (apply_tx, apply_rx) = mpsc::channel();
-        let apply_thread =
-            Applier::spawn(sm, shared.clone(), cfg.snapshot_count, meta.index, apply_rx)
+        let (apply_thread, apply) =
+            Applier::spawn(sm, shared.clone(), cfg.snapshot_count, meta.index)
                 .map_err(|e| Error::Config(format!("cannot start the apply thread: {e}")))?;
         let reporter = Reporter {
             tx: shared.tx.clone(),
@@ -275,7 +274,7 @@ impl<O: Send + 'static> Driver<O> {
             reporter,
             shared,
             rx,
-            apply_tx,
+            apply,
             apply_thread: Some(apply_thread),
             changes: HashMap::new(),
             changes_applied: Vec::new(),
@@ -334,7 +333,7 @@ impl<O: Send + 'static> Driver<O> {
             if !self.spooling {
                 if let Some(want) = self.raw.store().take_wanted() {
                     tracing::debug!(want, "a follower needs a snapshot; spooling one");
-                    self.spooling = self.apply_tx.send(ApplyTask::Spool).is_ok();
+                    self.spooling = self.apply.send(ApplyTask::Spool).is_ok();
                 }
             }
             self.publish_status();
@@ -342,7 +341,7 @@ impl<O: Send + 'static> Driver<O> {
         if let Err(e) = &result {
             tracing::error!(member = %format!("{:x}", self.cfg.id), "raft node stopped: {e}");
         }
-        let _ = self.apply_tx.send(ApplyTask::Stop);
+        let _ = self.apply.send(ApplyTask::Stop);
         if let Some(t) = self.apply_thread.take() {
             let _ = t.join();
         }
@@ -811,9 +810,7 @@ impl<O: Send + 'static> Driver<O> {
                 }
             }
         }
-        self.apply_tx
-            .send(ApplyTask::Entries(entries))
-            .map_err(|_| Error::Stopped)
+        self.apply.entries(entries)
     }
 
     fn set_members(&mut self, index: u64, cs: ConfState, members: Members) {
@@ -951,12 +948,10 @@ impl<O: Send + 'static> Driver<O> {
             term = meta.term,
             "installing the leader's snapshot"
         );
-        self.apply_tx
-            .send(ApplyTask::Restore {
-                index: meta.index,
-                term: meta.term,
-            })
-            .map_err(|_| Error::Stopped)
+        self.apply.send(ApplyTask::Restore {
+            index: meta.index,
+            term: meta.term,
+        })
     }
 
     /// The state machine is durable up to `index`: record a snapshot there and drop the log
