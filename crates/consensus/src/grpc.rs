@@ -601,8 +601,9 @@ async fn stream_to(
         .await
         .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
     errors.lock().remove(&to);
-    active.lock().insert(to, std::time::Instant::now());
-    let _up = Up { active, to };
+    let since = std::time::Instant::now();
+    active.lock().insert(to, since);
+    let _up = Up { active, to, since };
     let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
     let _prober = Prober(tokio::spawn(probe(ident, to, url.to_string())));
     loop {
@@ -636,15 +637,20 @@ async fn stream_to(
     }
 }
 
-/// Marks a peer's stream down when it ends, however it ends.
+/// Marks a peer's stream down when it ends, however it ends (unless a newer stream to the
+/// same peer, after a change of its URLs, is up by then).
 struct Up<'a> {
     active: &'a Mutex<HashMap<u64, std::time::Instant>>,
     to: u64,
+    since: std::time::Instant,
 }
 
 impl Drop for Up<'_> {
     fn drop(&mut self) {
-        self.active.lock().remove(&self.to);
+        let mut active = self.active.lock();
+        if active.get(&self.to) == Some(&self.since) {
+            active.remove(&self.to);
+        }
     }
 }
 
