@@ -218,7 +218,7 @@ impl<S: StateMachine> Applier<S> {
         };
         // Published before anyone hears of it: a read point taken after an acknowledgement
         // covers it.
-        self.shared.publish_applied(last);
+        self.shared.publish_applied(last, false);
         if !outs.is_empty() {
             let mut waiters = self.shared.waiters.lock();
             for (origin, out) in origins.into_iter().zip(outs) {
@@ -246,8 +246,8 @@ impl<S: StateMachine> Applier<S> {
             term,
             "restored the state machine from the leader's snapshot"
         );
-        self.shared.publish_applied(index);
-        let _ = self.shared.tx.send(Cmd::Applied(index));
+        // A restore is rare and moves the applied index far: the raft thread hears of it at once.
+        self.shared.publish_applied(index, true);
         Ok(())
     }
 

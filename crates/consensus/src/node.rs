@@ -251,12 +251,13 @@ impl<O> std::fmt::Debug for Shared<O> {
 }
 
 impl<O> Shared<O> {
-    /// The apply thread: `index` is applied. Wakes the raft thread only if it waits for that.
-    pub(crate) fn publish_applied(&self, index: u64) {
+    /// The apply thread: `index` is applied. Wakes the raft thread if `wake`, or if it waits
+    /// for that.
+    pub(crate) fn publish_applied(&self, index: u64, wake: bool) {
         // SeqCst pairs with `want_applied`: either the raft thread's load sees this index or this
         // load sees its flag, never neither.
         self.applied.fetch_max(index, Ordering::SeqCst);
-        if self.applied_wanted.load(Ordering::SeqCst) {
+        if wake || self.applied_wanted.load(Ordering::SeqCst) {
             let _ = self.tx.send(Cmd::Applied(index));
         }
     }
@@ -446,17 +447,16 @@ impl<O: Send + 'static> RaftNode<O> {
     /// Reads waiting together share one round of heartbeats; a leader that is the only voter
     /// answers at once when it has applied its commit index.
     pub fn read_index(&self) -> impl Future<Output = Result<u64>> + Send + 'static {
-        let sole = self.shared.sole_read_point();
-        let rx = sole.is_none().then(|| {
+        // Ok: a read point now; Err: the raft thread's answer to wait for.
+        let point = self.shared.sole_read_point().ok_or_else(|| {
             let (tx, rx) = oneshot::channel();
             let _ = self.send(Cmd::ReadIndex(tx));
             rx
         });
         async move {
-            match (sole, rx) {
-                (Some(index), _) => Ok(index),
-                (None, Some(rx)) => rx.await.unwrap_or(Err(Error::Stopped)),
-                (None, None) => Err(Error::Stopped),
+            match point {
+                Ok(index) => Ok(index),
+                Err(rx) => rx.await.unwrap_or(Err(Error::Stopped)),
             }
         }
     }

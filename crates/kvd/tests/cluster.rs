@@ -378,13 +378,8 @@ fn a_fourth_member_joins_as_a_learner_is_promoted_and_removed() {
         .find(|ep| format!("{:x}", common::status_number(ep, "member_id")) != target)
         .unwrap();
     let promoted = common::ctl_ok(&follower, &["member", "promote", &id, "-w", "json"]);
-    let answered_by = promoted
-        .split("\"member_id\":")
-        .nth(1)
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|s| s.parse::<u64>().ok());
     assert_eq!(
-        answered_by,
+        common::json_number(&promoted, "member_id"),
         Some(common::status_number(&follower, "member_id")),
         "{promoted}"
     );

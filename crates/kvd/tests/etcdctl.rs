@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{ctl, ctl_input, ctl_ok, status_number, tools, Addrs, Proc};
+use common::{ctl, ctl_input, ctl_ok, tools, Addrs, Proc};
 
 /// Replaces what differs between two servers by design: member, cluster and lease ids, the
 /// endpoint, raft terms and clocks.
@@ -214,8 +214,7 @@ fn etcdctl_prints_against_kvd_what_it_prints_against_etcd() {
     // The quota as given (unset: 0, which the JSON omits), as etcd reports it.
     let quota = |ep: &str| {
         let s = ctl_ok(ep, &["endpoint", "status", "-w", "json"]);
-        s.contains("\"dbSizeQuota\"")
-            .then(|| status_number(ep, "dbSizeQuota"))
+        common::json_number(&s, "dbSizeQuota")
     };
     assert_eq!(quota(&k.endpoint()), quota(&e.endpoint()));
     let members = ctl_ok(&k.endpoint(), &["member", "list"]);

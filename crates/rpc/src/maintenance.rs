@@ -138,7 +138,8 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<StatusResponse>, Status> {
         let st = self.core.node.status();
         let store = self.core.backend.store();
-        // As bbolt reports them to etcd: up to the high-water mark, and that less free pages.
+        // As bbolt reports them to etcd: up to the high-water mark, and that less the pages the
+        // newest commit no longer reaches.
         let space = store.db().space();
         let errors = self
             .core

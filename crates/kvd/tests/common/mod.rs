@@ -418,12 +418,18 @@ pub fn http_get(client_url: &str, path: &str) -> (u16, String) {
 /// A number field (`leader`, `dbSize`, …) of `etcdctl endpoint status -w json` at `endpoint`.
 pub fn status_number(endpoint: &str, field: &str) -> u64 {
     let s = ctl_ok(endpoint, &["endpoint", "status", "-w", "json"]);
+    json_number(&s, field).unwrap_or_else(|| panic!("no {field} in {s}"))
+}
+
+/// The first number field named `field` in etcdctl's JSON output (`None`: absent, as Go
+/// omits zero values).
+pub fn json_number(json: &str, field: &str) -> Option<u64> {
     let pat = format!("\"{field}\":");
-    let i = s.find(&pat).unwrap_or_else(|| panic!("no {field} in {s}")) + pat.len();
-    s[i..]
+    let i = json.find(&pat)? + pat.len();
+    json[i..]
         .chars()
         .take_while(char::is_ascii_digit)
         .collect::<String>()
         .parse()
-        .unwrap()
+        .ok()
 }
