@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds etcd v3.6's etcdctl and etcd server from the Go module proxy, once, into a cache, and
-# prints the directory holding them. kvd's compatibility tests run etcdctl against kvd and the
-# same commands against etcd, and compare what they print.
+# Builds etcd v3.6's etcdctl and etcd server, and h2spec (HTTP/2 conformance), from the Go
+# module proxy, once, into a cache, and prints the directory holding them. kvd's compatibility
+# tests run etcdctl against kvd and the same commands against etcd, and compare what they
+# print; the h2spec test runs the HTTP/2 conformance suite against kvd's client port.
 #   KVD_ETCD_VERSION  (default v3.6.5)
 #   KVD_TOOLS_DIR     (default ~/.cache/kvd-tools)
 # Needs: go (and the module proxy). About a minute the first time, nothing after.
@@ -12,21 +13,22 @@ bin=$dir/bin
 mkdir -p "$bin"
 export GOFLAGS=-mod=mod
 
-# tool <binary> <module> <package with main>
+# tool <binary> <module> <version> <package with main>
 tool() {
-  local name=$1 module=$2 pkg=$3
+  local name=$1 module=$2 version=$3 pkg=$4
   [ -x "$bin/$name" ] && return 0
   local src=$dir/src/$name
   mkdir -p "$src"
   (
     cd "$src"
     [ -f go.mod ] || go mod init "kvd-tools/$name" >/dev/null 2>&1
-    go get "$module@$ver" >/dev/null 2>&1
+    go get "$module@$version" >/dev/null 2>&1
     go build -o "$bin/$name.tmp" "$pkg"
     mv "$bin/$name.tmp" "$bin/$name"
   ) >&2
 }
 
-tool etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
-tool etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+tool etcdctl go.etcd.io/etcd/etcdctl/v3 "$ver" go.etcd.io/etcd/etcdctl/v3
+tool etcd go.etcd.io/etcd/server/v3 "$ver" go.etcd.io/etcd/server/v3
+tool h2spec github.com/summerwind/h2spec v2.2.1+incompatible github.com/summerwind/h2spec/cmd/h2spec
 echo "$bin"

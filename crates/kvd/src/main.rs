@@ -1,7 +1,7 @@
 //! `kvd`: one member of a kvd cluster — etcd's flags, the etcd v3 API on the client URLs, the
 //! raft peer protocol on the peer URLs.
 
-mod batched;
+mod client_port;
 mod config;
 
 use std::net::SocketAddr;
@@ -336,9 +336,11 @@ fn serve(f: ServeFlags) -> Result<()> {
         let routes = tonic::service::Routes::new(svc);
         servers.push(spawn_server(&rt, l, routes, "peer", stop_rx.clone()));
     }
+    let port = client_port::Port::new(rt.block_on(async { rpc::client_port(&core) }));
     for l in client_ls {
-        let routes = rt.block_on(async { rpc::services(&core) });
-        servers.push(spawn_server(&rt, l, routes, "client", stop_rx.clone()));
+        let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        tracing::info!(%addr, "serving client traffic");
+        servers.push(rt.spawn(client_port::serve(l, port.clone(), stop_rx.clone())));
     }
     rt.spawn(rpc::background(Arc::downgrade(&core)));
 
@@ -376,34 +378,34 @@ fn serve(f: ServeFlags) -> Result<()> {
     Ok(())
 }
 
-/// Serves `routes` on `l` until `stop` turns true.
+/// Serves the peer service `routes` on `l` until `stop` turns true.
 fn spawn_server(
     rt: &tokio::runtime::Runtime,
     l: TcpListener,
     routes: tonic::service::Routes,
     what: &str,
     mut stop: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
+) -> tokio::task::JoinHandle<()> {
     let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(%addr, "serving {what} traffic");
-    // Small gRPC frames must not wait for Nagle's algorithm (a ~40 ms stall per response
-    // otherwise): every accepted connection gets TCP_NODELAY, as etcd's (Go's default).
     let incoming = TcpListenerStream::new(l).map(|s| {
         s.inspect(|s| {
             if let Err(e) = s.set_nodelay(true) {
                 tracing::debug!("TCP_NODELAY: {e}");
             }
         })
-        .map(batched::Batched::new)
     });
+    let what = what.to_string();
     rt.spawn(async move {
-        tonic::transport::Server::builder()
-            .accept_http1(true)
+        let r = tonic::transport::Server::builder()
             .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop.wait_for(|s| *s).await;
             })
-            .await
+            .await;
+        if let Err(e) = r {
+            tracing::error!("{what} server stopped: {e}");
+        }
     })
 }
 

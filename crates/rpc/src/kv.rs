@@ -35,75 +35,24 @@ fn writes(t: &TxnRequest) -> bool {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        let r = req.into_inner();
-        validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
-        if !r.serializable {
-            self.core.refuse_learner()?;
-            self.core.linearize().await?;
-        }
-        let store = self.core.backend.store();
-        let mut resp = store
-            .read()
-            .and_then(|mut s| s.range(&r))
-            .map_err(|e| error::mvcc(&e))?;
-        self.core.fill(&mut resp.header);
-        Ok(Response::new(resp))
+        range(&self.core, req.into_inner()).await.map(Response::new)
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let r = req.into_inner();
-        validate::check_put(&r).map_err(|e| error::mvcc(&e))?;
-        self.core.refuse_learner()?;
-        self.core.check_quota(r.key.len() + r.value.len()).await?;
-        match self.core.propose(Op::Put(r)).await? {
-            Applied::Put(mut resp) => {
-                self.core.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            other => Err(other.unexpected()),
-        }
+        put(&self.core, req.into_inner()).await.map(Response::new)
     }
 
     async fn delete_range(
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let r = req.into_inner();
-        validate::check_delete(&r).map_err(|e| error::mvcc(&e))?;
-        self.core.refuse_learner()?;
-        match self.core.propose(Op::DeleteRange(r)).await? {
-            Applied::DeleteRange(mut resp) => {
-                self.core.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            other => Err(other.unexpected()),
-        }
+        delete_range(&self.core, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let t = req.into_inner();
-        validate::check_txn(&t, self.core.cfg.max_txn_ops).map_err(|e| error::mvcc(&e))?;
-        self.core.refuse_learner()?;
-        if !writes(&t) {
-            self.core.linearize().await?;
-            let store = self.core.backend.store();
-            let mut resp = store
-                .read()
-                .and_then(|mut s| s.txn(&t))
-                .map_err(|e| error::mvcc(&e))?;
-            self.core.fill(&mut resp.header);
-            return Ok(Response::new(resp));
-        }
-        self.core
-            .check_quota(prost::Message::encoded_len(&t))
-            .await?;
-        match self.core.propose(Op::Txn(t)).await? {
-            Applied::Txn(mut resp) => {
-                self.core.fill(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            other => Err(other.unexpected()),
-        }
+        txn(&self.core, req.into_inner()).await.map(Response::new)
     }
 
     async fn compact(
@@ -127,5 +76,74 @@ impl Kv for KvService {
             }
             other => Err(other.unexpected()),
         }
+    }
+}
+
+// The calls themselves, shared by the tonic service above and the client connection's
+// unary path (`fast.rs`).
+
+pub(crate) async fn range(core: &Core, r: RangeRequest) -> Result<RangeResponse, Status> {
+    validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
+    if !r.serializable {
+        core.refuse_learner()?;
+        core.linearize().await?;
+    }
+    let store = core.backend.store();
+    let mut resp = store
+        .read()
+        .and_then(|mut s| s.range(&r))
+        .map_err(|e| error::mvcc(&e))?;
+    core.fill(&mut resp.header);
+    Ok(resp)
+}
+
+pub(crate) async fn put(core: &Core, r: PutRequest) -> Result<PutResponse, Status> {
+    validate::check_put(&r).map_err(|e| error::mvcc(&e))?;
+    core.refuse_learner()?;
+    core.check_quota(r.key.len() + r.value.len()).await?;
+    match core.propose(Op::Put(r)).await? {
+        Applied::Put(mut resp) => {
+            core.fill(&mut resp.header);
+            Ok(resp)
+        }
+        other => Err(other.unexpected()),
+    }
+}
+
+pub(crate) async fn delete_range(
+    core: &Core,
+    r: DeleteRangeRequest,
+) -> Result<DeleteRangeResponse, Status> {
+    validate::check_delete(&r).map_err(|e| error::mvcc(&e))?;
+    core.refuse_learner()?;
+    match core.propose(Op::DeleteRange(r)).await? {
+        Applied::DeleteRange(mut resp) => {
+            core.fill(&mut resp.header);
+            Ok(resp)
+        }
+        other => Err(other.unexpected()),
+    }
+}
+
+pub(crate) async fn txn(core: &Core, t: TxnRequest) -> Result<TxnResponse, Status> {
+    validate::check_txn(&t, core.cfg.max_txn_ops).map_err(|e| error::mvcc(&e))?;
+    core.refuse_learner()?;
+    if !writes(&t) {
+        core.linearize().await?;
+        let store = core.backend.store();
+        let mut resp = store
+            .read()
+            .and_then(|mut s| s.txn(&t))
+            .map_err(|e| error::mvcc(&e))?;
+        core.fill(&mut resp.header);
+        return Ok(resp);
+    }
+    core.check_quota(prost::Message::encoded_len(&t)).await?;
+    match core.propose(Op::Txn(t)).await? {
+        Applied::Txn(mut resp) => {
+            core.fill(&mut resp.header);
+            Ok(resp)
+        }
+        other => Err(other.unexpected()),
     }
 }

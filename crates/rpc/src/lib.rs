@@ -13,6 +13,7 @@ mod cluster;
 pub mod compactor;
 mod concurrency;
 mod error;
+mod fast;
 mod gateway;
 mod http;
 mod kv;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
+pub use fast::KvCalls;
 pub use server::{background, Core, ServerConfig};
 pub use state::KvStateMachine;
 
@@ -45,8 +47,33 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 /// etcd's gRPC send limit (math.MaxInt32).
 const GRPC_MAX_SEND: usize = i32::MAX as usize;
 
+/// What the client port serves: etcd's KV calls answered by the connection itself, and the
+/// router for everything else.
+#[derive(Debug)]
+pub struct ClientPort {
+    /// Every etcd service, the JSON gateway and the HTTP endpoints.
+    pub router: axum::Router,
+    /// KV Range, Put, DeleteRange and Txn without tonic's per-call machinery.
+    pub unary: Arc<dyn grpc_wire::Unary>,
+    /// HTTP/2 limits, with gRPC's receive limit as etcd's.
+    pub config: grpc_wire::Config,
+}
+
+/// The client port over `core` (called inside the runtime: it starts the health reporter).
+pub fn client_port(core: &Arc<Core>) -> ClientPort {
+    let config = grpc_wire::Config {
+        max_recv_message: core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
+        ..grpc_wire::Config::default()
+    };
+    ClientPort {
+        router: services(core),
+        unary: Arc::new(KvCalls::new(core.clone())),
+        config,
+    }
+}
+
 /// Every etcd service over `core` and the HTTP endpoints beside them, ready to serve.
-pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
+fn services(core: &Arc<Core>) -> axum::Router {
     // `/metrics` lists the consensus and storage histograms before their first sample.
     consensus::metrics::init();
     mvcc::init_metrics();
@@ -54,8 +81,7 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
     tokio::spawn(report_health(Arc::downgrade(core), health));
     let grpc = grpc_services(core).add_service(health_service);
     let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);
-    let router = grpc
-        .into_axum_router()
+    grpc.into_axum_router()
         .merge(gateway::router(
             core,
             core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
@@ -63,8 +89,7 @@ pub fn services(core: &Arc<Core>) -> tonic::service::Routes {
         .layer(gate)
         .merge(http::router(core.clone()))
         .fallback(http::fallback)
-        .layer(axum::middleware::map_response(http::grpc_limit_error));
-    tonic::service::Routes::from(router)
+        .layer(axum::middleware::map_response(http::grpc_limit_error))
 }
 
 /// What a learner serves, as etcd's interceptors allow it: Status, Snapshot and Range (the KV

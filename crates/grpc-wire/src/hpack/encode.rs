@@ -1,0 +1,200 @@
+//! Encoding response header blocks.
+//!
+//! A server's responses repeat a few fields (`content-type: application/grpc`,
+//! `grpc-status: 0`): those are added to the dynamic table once and sent as one-byte indexes
+//! afterwards. Everything else goes as a literal without indexing, so the table holds only
+//! what was chosen and its size needs no bookkeeping beyond the peer's limit.
+
+use bytes::Bytes;
+
+use super::huffman;
+use super::table::{entry_size, Dynamic, STATIC};
+
+/// The encoding side of one connection.
+#[derive(Debug)]
+pub(crate) struct Encoder {
+    table: Dynamic,
+    /// The smallest table size since the last block, when it changed: the next block starts
+    /// by announcing it, then the current size if larger (RFC 7541, 4.2).
+    low: Option<usize>,
+}
+
+/// The largest table this encoder keeps, whatever the peer allows.
+const MAX_TABLE: usize = 4096;
+
+/// Appends an integer with an `n`-bit prefix, the prefix byte's high bits being `flags`.
+fn integer(out: &mut Vec<u8>, flags: u8, n: u8, mut v: usize) {
+    let mask = (1usize << n) - 1;
+    if v < mask {
+        out.push(flags | v as u8);
+        return;
+    }
+    out.push(flags | mask as u8);
+    v -= mask;
+    while v >= 0x80 {
+        out.push(0x80 | (v & 0x7f) as u8);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a string literal, Huffman-coded when that is shorter.
+fn string(out: &mut Vec<u8>, s: &[u8]) {
+    let h = huffman::encoded_len(s);
+    if h < s.len() {
+        integer(out, 0x80, 7, h);
+        huffman::encode(s, out);
+    } else {
+        integer(out, 0, 7, s.len());
+        out.extend_from_slice(s);
+    }
+}
+
+fn static_index(name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
+    let mut by_name = None;
+    for (i, (n, v)) in STATIC.iter().enumerate() {
+        if n.as_bytes() == name {
+            if v.as_bytes() == value {
+                return (Some(i + 1), Some(i + 1));
+            }
+            by_name.get_or_insert(i + 1);
+        }
+    }
+    (None, by_name)
+}
+
+impl Encoder {
+    pub(crate) fn new() -> Encoder {
+        // The default table size until the peer's SETTINGS say otherwise.
+        Encoder {
+            table: Dynamic::new(MAX_TABLE),
+            low: None,
+        }
+    }
+
+    /// The peer's SETTINGS_HEADER_TABLE_SIZE.
+    pub(crate) fn set_max_size(&mut self, limit: usize) {
+        let size = limit.min(MAX_TABLE);
+        if size != self.table.max_size() {
+            self.table.set_max_size(size);
+            self.low = Some(self.low.map_or(size, |l| l.min(size)));
+        }
+    }
+
+    /// Starts a header block: announces a table size change since the last one.
+    pub(crate) fn begin(&mut self, out: &mut Vec<u8>) {
+        if let Some(low) = self.low.take() {
+            integer(out, 0x20, 5, low);
+            if low != self.table.max_size() {
+                integer(out, 0x20, 5, self.table.max_size());
+            }
+        }
+    }
+
+    /// Appends one field. `cache` adds it to the dynamic table when new, so it is one byte
+    /// from then on; only fields that repeat unchanged should be cached.
+    pub(crate) fn field(&mut self, out: &mut Vec<u8>, name: &[u8], value: &[u8], cache: bool) {
+        let (exact, by_name) = static_index(name, value);
+        if let Some(i) = exact {
+            integer(out, 0x80, 7, i);
+            return;
+        }
+        if let Some(i) = self.table.find(name, value) {
+            integer(out, 0x80, 7, STATIC.len() + 1 + i);
+            return;
+        }
+        let cache = cache && entry_size(name, value) <= self.table.max_size() / 2;
+        let (flags, n) = if cache { (0x40, 6) } else { (0x00, 4) };
+        match by_name {
+            Some(i) => integer(out, flags, n, i),
+            None => {
+                integer(out, flags, n, 0);
+                string(out, name);
+            }
+        }
+        string(out, value);
+        if cache {
+            self.table
+                .insert(Bytes::copy_from_slice(name), Bytes::copy_from_slice(value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Decoder;
+    use super::*;
+
+    fn decode(d: &mut Decoder, block: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        d.decode(&Bytes::from(block), |n, v| {
+            out.push((n.to_vec(), v.to_vec()))
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn cached_fields_shrink_to_one_byte_and_decode() {
+        let mut e = Encoder::new();
+        let mut d = Decoder::new(4096);
+        let fields: [(&[u8], &[u8], bool); 4] = [
+            (b":status", b"200", false),
+            (b"content-type", b"application/grpc", true),
+            (b"grpc-status", b"0", true),
+            (b"grpc-message", b"key not found: \xff", false),
+        ];
+        let mut sizes = Vec::new();
+        for _ in 0..3 {
+            let mut block = Vec::new();
+            e.begin(&mut block);
+            for (n, v, c) in fields {
+                e.field(&mut block, n, v, c);
+            }
+            sizes.push(block.len());
+            let got = decode(&mut d, block);
+            let want: Vec<_> = fields
+                .iter()
+                .map(|f| (f.0.to_vec(), f.1.to_vec()))
+                .collect();
+            assert_eq!(got, want);
+        }
+        assert!(sizes[1] < sizes[0], "{sizes:?}");
+        assert_eq!(sizes[1], sizes[2]);
+    }
+
+    #[test]
+    fn a_smaller_peer_table_is_announced_and_respected() {
+        let mut e = Encoder::new();
+        let mut d = Decoder::new(4096);
+        let mut block = Vec::new();
+        e.begin(&mut block);
+        e.field(&mut block, b"grpc-status", b"0", true);
+        decode(&mut d, block);
+        // The peer shrinks its table to nothing: nothing may be indexed any more.
+        e.set_max_size(0);
+        let mut block = Vec::new();
+        e.begin(&mut block);
+        e.field(&mut block, b"grpc-status", b"0", true);
+        assert_eq!(block[0], 0x20, "size update first");
+        assert_eq!(
+            decode(&mut d, block),
+            vec![(b"grpc-status".to_vec(), b"0".to_vec())]
+        );
+        let mut block = Vec::new();
+        e.begin(&mut block);
+        e.field(&mut block, b"grpc-status", b"0", true);
+        assert_ne!(block[0] & 0x80, 0x80, "not an index into an empty table");
+    }
+
+    #[test]
+    fn long_integers_round_trip() {
+        let mut d = Decoder::new(4096);
+        let mut e = Encoder::new();
+        let long = vec![b'v'; 3000];
+        let mut block = Vec::new();
+        e.begin(&mut block);
+        e.field(&mut block, b"x-long", &long, false);
+        assert_eq!(decode(&mut d, block), vec![(b"x-long".to_vec(), long)]);
+    }
+}
