@@ -24,6 +24,7 @@ use crate::frame::{self, Reason};
 use crate::hpack::{Decoder, Encoder};
 use crate::{Config, Error, Fallback, Unary, UnaryFuture};
 
+mod liveness;
 mod recv;
 mod send;
 
@@ -207,6 +208,7 @@ pub(crate) struct Conn<T, S> {
     failed: Option<Error>,
     /// Frame handling stopped with whole frames unread, the output being full.
     held_back: bool,
+    live: liveness::Liveness,
 }
 
 /// Serves one HTTP/2 connection until the peer closes it, a protocol error, or `shutdown`
@@ -313,6 +315,7 @@ where
             draining: false,
             failed: None,
             held_back: false,
+            live: liveness::Liveness::new(&cfg),
             cfg,
         }
     }
@@ -365,6 +368,7 @@ where
                 self.ready_ids = ids;
                 self.ready_ids.clear();
             }
+            busy |= self.poll_keepalive(cx);
             match self.poll_write(cx) {
                 Poll::Ready(Ok(())) => busy |= std::mem::take(&mut self.held_back) || read_held,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
@@ -402,6 +406,9 @@ where
         ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
         let n = rb.filled().len();
         self.rlen += n;
+        if n > 0 {
+            self.live.read();
+        }
         Poll::Ready(Ok(n))
     }
 

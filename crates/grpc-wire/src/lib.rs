@@ -32,6 +32,7 @@ mod sniff;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -121,6 +122,18 @@ pub struct Config {
     pub max_frame_size: u32,
     /// The largest header list we accept, decoded (SETTINGS_MAX_HEADER_LIST_SIZE).
     pub max_header_list_size: u32,
+    /// Ping a client after this long without a byte from it, and close the connection if the
+    /// ping is not acknowledged within `keepalive_timeout` (grpc-go's keepalive `Time` and
+    /// `Timeout`; etcd's `--grpc-keepalive-interval` and `--grpc-keepalive-timeout`, 2 h and
+    /// 20 s). `None`: never.
+    pub keepalive_interval: Option<Duration>,
+    pub keepalive_timeout: Duration,
+    /// How often a client may ping while it has streams open (grpc-go's enforcement policy
+    /// `MinTime`; etcd's `--grpc-keepalive-min-time`, 5 s); without streams, once in two hours
+    /// (etcd's `PermitWithoutStream: false`). A ping sooner is a strike, unless the server
+    /// sent HEADERS or DATA since the last one (grpc-go's BDP pings answer those); the third
+    /// strike ends the connection with GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings").
+    pub ping_min_interval: Duration,
 }
 
 impl Default for Config {
@@ -133,6 +146,9 @@ impl Default for Config {
             conn_window: 1 << 20,
             max_frame_size: 16_384,
             max_header_list_size: 1 << 20,
+            keepalive_interval: Some(Duration::from_secs(2 * 3600)),
+            keepalive_timeout: Duration::from_secs(20),
+            ping_min_interval: Duration::from_secs(5),
         }
     }
 }
@@ -142,7 +158,10 @@ impl Default for Config {
 pub enum Error {
     #[error("connection I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// The peer broke the protocol; it was told with a GOAWAY.
+    /// The peer broke the protocol, or abused it; it was told with a GOAWAY.
     #[error("HTTP/2 {reason}: {why}")]
     Protocol { reason: Reason, why: String },
+    /// The client did not acknowledge a keepalive ping in time.
+    #[error("the client did not answer a keepalive ping within {0:?}")]
+    KeepaliveTimeout(Duration),
 }

@@ -173,6 +173,19 @@ pub struct ServeFlags {
         action = clap::ArgAction::Set
     )]
     pub strict_reconfig_check: bool,
+    /// How often a client may ping the server while it has streams open; sooner is a strike,
+    /// and the third closes the connection ("too_many_pings").
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_MIN_TIME", default_value = "5s")]
+    pub grpc_keepalive_min_time: String,
+    /// How long a client may be quiet before the server pings it (0 disables).
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_INTERVAL", default_value = "2h")]
+    pub grpc_keepalive_interval: String,
+    /// How long the server waits for a ping's answer before it closes the connection.
+    #[arg(long, env = "ETCD_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s")]
+    pub grpc_keepalive_timeout: String,
+    /// Streams a client may have open on one connection.
+    #[arg(long, env = "ETCD_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
+    pub max_concurrent_streams: u32,
     /// kvd's: how often the leader checkpoints leases (etcd's fixed interval is 5 minutes).
     #[arg(long, env = "KVD_LEASE_CHECKPOINT_INTERVAL", default_value = "5m")]
     pub lease_checkpoint_interval: String,

@@ -67,15 +67,7 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
 #[test]
 fn oversized_requests_are_refused_with_etcds_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let m = common::Addrs::new("default");
-    let mut p = Proc::kvd(
-        &m,
-        &dir.path().join("kvd"),
-        std::slice::from_ref(&m),
-        "new",
-        &["--max-request-bytes", "100000"],
-    );
-    p.wait_ready();
+    let (m, _kvd) = Proc::single_kvd_with(dir.path(), &["--max-request-bytes", "100000"]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut kv = grpc::kv(&m.client);

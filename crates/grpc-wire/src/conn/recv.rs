@@ -427,6 +427,7 @@ where
         }
         if let Some(s) = self.streams.remove(&h.stream) {
             self.forget(&s, Reason(frame::u32_at(payload)));
+            return self.on_client_reset();
         }
         Ok(())
     }
@@ -498,10 +499,11 @@ where
         if payload.len() != 8 {
             return conn_err(Reason::FRAME_SIZE_ERROR, "PING of the wrong size");
         }
-        if !h.has(frame::ACK) {
-            frame::ping_ack(&mut self.out, payload);
+        if h.has(frame::ACK) {
+            self.on_ping_ack(payload);
+            return Ok(());
         }
-        Ok(())
+        self.on_client_ping(payload)
     }
 
     pub(super) fn on_goaway(&mut self, h: Head, payload: &[u8]) -> Result<(), ConnError> {

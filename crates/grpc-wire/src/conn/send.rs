@@ -154,6 +154,7 @@ where
                     self.send_window -= n as i64;
                     frame::head(&mut self.out, n, frame::DATA, 0, id);
                     self.out.extend_from_slice(&chunk);
+                    self.live.answered();
                     if let Kind::Bridged(io) = &s.kind {
                         io.sent(n);
                     }
@@ -199,6 +200,7 @@ where
             frame::rst_stream(&mut self.out, id, Reason::NO_ERROR);
         }
         self.streams.remove(&id);
+        self.live.completed();
     }
 
     /// Windows grew: streams waiting for them go on.
@@ -225,6 +227,7 @@ where
         end: bool,
         fields: impl FnOnce(&mut Encoder, &mut Vec<u8>),
     ) {
+        self.live.answered();
         let at = frame::begin(&mut self.out, frame::HEADERS, 0, id);
         self.enc.begin(&mut self.out);
         fields(&mut self.enc, &mut self.out);

@@ -158,8 +158,13 @@ impl Proc {
 
     /// A one-member kvd cluster named `default` in `dir/kvd`, ready.
     pub fn single_kvd(dir: &Path) -> (Addrs, Proc) {
+        Proc::single_kvd_with(dir, &[])
+    }
+
+    /// The same with `extra` flags.
+    pub fn single_kvd_with(dir: &Path, extra: &[&str]) -> (Addrs, Proc) {
         let m = Addrs::new("default");
-        let mut p = Proc::kvd(&m, &dir.join("kvd"), std::slice::from_ref(&m), "new", &[]);
+        let mut p = Proc::kvd(&m, &dir.join("kvd"), std::slice::from_ref(&m), "new", extra);
         p.wait_ready();
         (m, p)
     }

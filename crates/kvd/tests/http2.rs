@@ -1,5 +1,5 @@
-//! HTTP/2 conformance of the client port: h2spec (every case of RFC 7540/9113 and RFC 7541,
-//! strict ones included) against a running kvd.
+//! HTTP/2 on the client port: conformance (h2spec, every case of RFC 7540/9113 and RFC 7541,
+//! strict ones included, against a running kvd) and etcd's gRPC flags.
 //!
 //! One case is expected to fail, and only that one: h2spec sends garbage instead of the
 //! connection preface and wants the connection closed, but kvd's client port also speaks
@@ -8,7 +8,9 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::Proc;
 
@@ -86,4 +88,56 @@ fn a_junit_report_is_read_right() {
     assert_eq!(f.len(), 2, "{f:?}");
     assert_eq!((f[0].0.as_str(), f[0].1.as_str()), HTTP1_ON_THE_SAME_PORT);
     assert_eq!(f[1].0, "http2/4.3");
+}
+
+/// `--max-concurrent-streams` is announced in the port's SETTINGS, and with
+/// `--grpc-keepalive-interval`/`--grpc-keepalive-timeout` a client that does not answer pings
+/// is dropped.
+#[test]
+fn etcds_grpc_flags_reach_the_client_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd_with(
+        dir.path(),
+        &[
+            "--max-concurrent-streams",
+            "7",
+            "--grpc-keepalive-interval",
+            "300ms",
+            "--grpc-keepalive-timeout",
+            "300ms",
+        ],
+    );
+    let mut sock = std::net::TcpStream::connect(m.endpoint()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    sock.write_all(&hello).unwrap();
+    let started = Instant::now();
+    let mut frames = Vec::new();
+    let mut head = [0u8; 9];
+    // Frames until the server closes the connection (it must: the pings go unanswered).
+    while sock.read_exact(&mut head).is_ok() {
+        let len = (head[0] as usize) << 16 | (head[1] as usize) << 8 | head[2] as usize;
+        let mut payload = vec![0; len];
+        sock.read_exact(&mut payload).unwrap();
+        frames.push((head[3], head[4], payload));
+    }
+    let closed_after = started.elapsed();
+    let settings = &frames[0];
+    assert_eq!((settings.0, settings.1), (4, 0), "{frames:?}");
+    let max_streams = settings
+        .2
+        .chunks_exact(6)
+        .find(|p| p[..2] == [0, 3])
+        .map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+    assert_eq!(max_streams, Some(7));
+    assert!(
+        frames.iter().any(|f| f.0 == 6 && f.1 == 0),
+        "no keepalive ping: {frames:?}"
+    );
+    assert!(
+        closed_after >= Duration::from_millis(500) && closed_after < Duration::from_secs(5),
+        "closed after {closed_after:?}"
+    );
 }

@@ -1,0 +1,162 @@
+//! Keepalive and abuse limits, as grpc-go's server (and so etcd) applies them: a quiet client
+//! is pinged and dropped if it does not answer; a client that pings too often, or resets
+//! streams much faster than it lets them complete, is sent away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Sleep;
+
+use super::{conn_err, Conn, ConnError};
+use crate::frame::{self, Reason};
+use crate::{Config, Error, Fallback};
+
+/// What a keepalive ping carries (the client echoes it).
+const PING: [u8; 8] = *b"kvd-ping";
+/// Strikes past which a client's pings end the connection (grpc-go's `maxPingStrikes`).
+const MAX_PING_STRIKES: u32 = 2;
+/// How often a client may ping while it has no stream open (grpc-go's `defaultPingTimeout`,
+/// with etcd's `PermitWithoutStream: false`).
+const PING_WITHOUT_STREAMS: Duration = Duration::from_secs(2 * 3600);
+/// Streams a client may reset while they are under way, less those that complete, before the
+/// connection is closed: resetting is cheap for the client and not for the server (the
+/// "rapid reset" attack, CVE-2023-44487).
+const MAX_NET_RESETS: u32 = 1000;
+
+#[derive(Debug)]
+pub(super) struct Liveness {
+    /// Fires when a keepalive ping is due or overdue; `None` when keepalive is off.
+    timer: Option<Pin<Box<Sleep>>>,
+    interval: Duration,
+    timeout: Duration,
+    ping_min_interval: Duration,
+    /// When the client last sent anything.
+    last_read: Instant,
+    /// When our keepalive ping went out, until it is acknowledged.
+    ping_sent: Option<Instant>,
+    last_client_ping: Option<Instant>,
+    strikes: u32,
+    /// HEADERS or DATA went out since the client's last ping: its next ping is no strike.
+    answered: bool,
+    /// Streams the client reset while they were under way, less those that completed.
+    resets: u32,
+}
+
+impl Liveness {
+    pub(super) fn new(cfg: &Config) -> Liveness {
+        let now = Instant::now();
+        Liveness {
+            timer: cfg
+                .keepalive_interval
+                .filter(|d| !d.is_zero())
+                .map(|d| Box::pin(tokio::time::sleep_until((now + d).into()))),
+            interval: cfg.keepalive_interval.unwrap_or_default(),
+            timeout: cfg.keepalive_timeout,
+            ping_min_interval: cfg.ping_min_interval,
+            last_read: now,
+            ping_sent: None,
+            last_client_ping: None,
+            strikes: 0,
+            answered: false,
+            resets: 0,
+        }
+    }
+
+    /// The client sent something.
+    pub(super) fn read(&mut self) {
+        if self.timer.is_some() {
+            self.last_read = Instant::now();
+        }
+    }
+
+    /// HEADERS or DATA went out.
+    pub(super) fn answered(&mut self) {
+        self.answered = true;
+    }
+
+    /// A stream completed: one client reset is forgiven.
+    pub(super) fn completed(&mut self) {
+        self.resets = self.resets.saturating_sub(1);
+    }
+}
+
+impl<T, S> Conn<T, S>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    S: Fallback,
+{
+    /// Sends a keepalive ping when the client has been quiet for the interval, and fails the
+    /// connection when one went unanswered for the timeout. Whether it did anything.
+    pub(super) fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> bool {
+        let l = &mut self.live;
+        let Some(timer) = &mut l.timer else {
+            return false;
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        let now = Instant::now();
+        let next = match l.ping_sent {
+            Some(sent) if now >= sent + l.timeout => {
+                tracing::debug!("keepalive ping unanswered: closing the connection");
+                self.failed = Some(Error::KeepaliveTimeout(l.timeout));
+                return true;
+            }
+            Some(sent) => sent + l.timeout,
+            None if now >= l.last_read + l.interval => {
+                frame::head(&mut self.out, 8, frame::PING, 0, 0);
+                self.out.extend_from_slice(&PING);
+                l.ping_sent = Some(now);
+                now + l.timeout
+            }
+            None => l.last_read + l.interval,
+        };
+        timer.as_mut().reset(next.into());
+        // Registers the timer again.
+        let _ = timer.as_mut().poll(cx);
+        true
+    }
+
+    /// A PING from the client: acknowledged, and checked against the ping policy.
+    pub(super) fn on_client_ping(&mut self, payload: &[u8]) -> Result<(), ConnError> {
+        frame::ping_ack(&mut self.out, payload);
+        let l = &mut self.live;
+        let now = Instant::now();
+        let last = l.last_client_ping.replace(now);
+        if std::mem::take(&mut l.answered) {
+            l.strikes = 0;
+            return Ok(());
+        }
+        let min = if self.streams.is_empty() {
+            PING_WITHOUT_STREAMS
+        } else {
+            l.ping_min_interval
+        };
+        if last.is_some_and(|last| now < last + min) {
+            l.strikes += 1;
+        }
+        if l.strikes > MAX_PING_STRIKES {
+            return conn_err(Reason::ENHANCE_YOUR_CALM, "too_many_pings");
+        }
+        Ok(())
+    }
+
+    /// A PING acknowledgement: our keepalive ping was answered.
+    pub(super) fn on_ping_ack(&mut self, payload: &[u8]) {
+        if payload == PING {
+            self.live.ping_sent = None;
+        }
+    }
+
+    /// The client reset a stream under way.
+    pub(super) fn on_client_reset(&mut self) -> Result<(), ConnError> {
+        self.live.resets += 1;
+        if self.live.resets > MAX_NET_RESETS {
+            return conn_err(Reason::ENHANCE_YOUR_CALM, "too_many_resets");
+        }
+        Ok(())
+    }
+}
