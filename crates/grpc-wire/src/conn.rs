@@ -34,6 +34,8 @@ const READ_CHUNK: usize = 64 * 1024;
 const OUT_HIGH: usize = 1 << 20;
 /// The HPACK table size we let the peer use (the default).
 const HEADER_TABLE: usize = 4096;
+/// How many streams we reset are remembered, to ignore what the client still sends on them.
+const RESETS_REMEMBERED: usize = 64;
 
 /// Stream ids are odd and ascending: a multiplication spreads them enough.
 #[derive(Debug, Default)]
@@ -208,6 +210,9 @@ pub(crate) struct Conn<T, S> {
     failed: Option<Error>,
     /// Frame handling stopped with whole frames unread, the output being full.
     held_back: bool,
+    /// The streams we reset last: frames the client sent on them before it knew are ignored
+    /// (RFC 9113, 5.1), not answered as errors.
+    we_reset: VecDeque<u32>,
     live: liveness::Liveness,
 }
 
@@ -315,6 +320,7 @@ where
             draining: false,
             failed: None,
             held_back: false,
+            we_reset: VecDeque::new(),
             live: liveness::Liveness::new(&cfg),
             cfg,
         }

@@ -134,7 +134,9 @@ where
             if h.stream > self.last_stream {
                 return conn_err(Reason::PROTOCOL_ERROR, "DATA on an idle stream");
             }
-            self.reset(h.stream, Reason::STREAM_CLOSED);
+            if !self.we_reset(h.stream) {
+                self.reset(h.stream, Reason::STREAM_CLOSED);
+            }
             return Ok(());
         };
         if s.remote_closed {
@@ -290,6 +292,9 @@ where
             return conn_err(Reason::PROTOCOL_ERROR, "a client stream with an even id");
         }
         if id <= self.last_stream {
+            if self.we_reset(id) {
+                return Ok(());
+            }
             return conn_err(Reason::STREAM_CLOSED, "HEADERS on a closed stream");
         }
         self.last_stream = id;
@@ -308,11 +313,11 @@ where
         }
         if fields.size() > self.cfg.max_header_list_size as usize {
             // RFC 9113, 10.5.1: the request is answered 431 rather than processed.
-            self.write_headers(id, !p.end_stream, |enc, out| {
+            self.write_headers(id, true, |enc, out| {
                 enc.field(out, b":status", b"431", false);
             });
             if !p.end_stream {
-                frame::rst_stream(&mut self.out, id, Reason::NO_ERROR);
+                self.send_reset(id, Reason::NO_ERROR);
             }
             return Ok(());
         }

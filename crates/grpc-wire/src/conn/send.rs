@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Kind, Stream};
+use super::{Conn, Kind, Stream, RESETS_REMEMBERED};
 use crate::bridge::Out;
 use crate::frame::{self, Reason};
 use crate::grpc;
@@ -18,10 +18,24 @@ where
 {
     /// Resets stream `id` (a stream error): RST_STREAM, and its call or task is dropped.
     pub(super) fn reset(&mut self, id: u32, why: Reason) {
-        frame::rst_stream(&mut self.out, id, why);
+        self.send_reset(id, why);
         if let Some(s) = self.streams.remove(&id) {
             self.forget(&s, why);
         }
+    }
+
+    /// RST_STREAM for stream `id`, remembered so the frames already on their way are ignored.
+    pub(super) fn send_reset(&mut self, id: u32, why: Reason) {
+        frame::rst_stream(&mut self.out, id, why);
+        if self.we_reset.len() == RESETS_REMEMBERED {
+            self.we_reset.pop_front();
+        }
+        self.we_reset.push_back(id);
+    }
+
+    /// Whether we reset closed stream `id` lately.
+    pub(super) fn we_reset(&self, id: u32) -> bool {
+        self.we_reset.contains(&id)
     }
 
     /// A stream left the table: its call or task stops.
@@ -197,7 +211,7 @@ where
             if matches!(s.kind, Kind::Bridged(_)) {
                 return;
             }
-            frame::rst_stream(&mut self.out, id, Reason::NO_ERROR);
+            self.send_reset(id, Reason::NO_ERROR);
         }
         self.streams.remove(&id);
         self.live.completed();
