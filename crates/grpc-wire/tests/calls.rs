@@ -6,6 +6,8 @@
 //! The test API is etcd's KV and Watch (from the `api` crate): Range and Put are answered by
 //! the connection (`TestCalls`), Compact and Watch by a tonic service (`Bridged`).
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use api::etcdserverpb::*;
 use api::mvccpb::KeyValue;
 use bytes::Bytes;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
@@ -518,27 +520,20 @@ async fn a_protocol_error_ends_the_connection_with_goaway() {
     let mut s = server().await;
     let addr = s.url.trim_start_matches("http://").to_string();
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut out = grpc_wire::frame::PREFACE.to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
-    out.extend_from_slice(&[0, 0, 1, 0, 0, 0, 0, 0, 0, b'x']); // DATA on stream 0
+    let mut out = common::preface();
+    out.extend_from_slice(&common::frame(common::DATA, 0, 0, b"x"));
     sock.write_all(&out).await.unwrap();
-    let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut got))
+    let wait = Duration::from_secs(5);
+    let g = common::read_until(&mut sock, false, wait, |f| f.0 == common::GOAWAY)
         .await
-        .expect("the server closes the connection")
-        .unwrap();
-    // The server's SETTINGS, its window update, the SETTINGS ack, then GOAWAY(PROTOCOL_ERROR).
-    let mut at = 0;
-    let mut goaway = None;
-    while at + 9 <= got.len() {
-        let len = (got[at] as usize) << 16 | (got[at + 1] as usize) << 8 | got[at + 2] as usize;
-        if got[at + 3] == 7 {
-            let p = &got[at + 9..at + 9 + len];
-            goaway = Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
-        }
-        at += 9 + len;
-    }
-    assert_eq!(goaway, Some(grpc_wire::Reason::PROTOCOL_ERROR.0));
+        .expect("GOAWAY");
+    assert_eq!(common::goaway(&g).0, grpc_wire::Reason::PROTOCOL_ERROR.0);
+    assert!(
+        common::read_until(&mut sock, false, wait, |_| false)
+            .await
+            .is_none(),
+        "the server closes the connection"
+    );
     let ended = s.ended.recv().await.unwrap();
     assert!(
         matches!(ended, Err(grpc_wire::Error::Protocol { reason, .. }) if reason == grpc_wire::Reason::PROTOCOL_ERROR),

@@ -375,7 +375,7 @@ fn serve(f: ServeFlags) -> Result<()> {
             .with_members(members)
             .into_server();
         let routes = tonic::service::Routes::new(svc);
-        servers.push(spawn_server(&rt, l, routes, "peer", stop_rx.clone()));
+        servers.push(spawn_peer_server(&rt, l, routes, stop_rx.clone()));
     }
     let mut port = rt.block_on(async { rpc::client_port(&core) });
     p.client_port.apply(&mut port.config);
@@ -430,15 +430,15 @@ fn runtime_workers() -> usize {
 }
 
 /// Serves the peer service `routes` on `l` until `stop` turns true.
-fn spawn_server(
+fn spawn_peer_server(
     rt: &tokio::runtime::Runtime,
     l: TcpListener,
     routes: tonic::service::Routes,
-    what: &str,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    tracing::info!(%addr, "serving {what} traffic");
+    tracing::info!(%addr, "serving peer traffic");
+    // Small frames (heartbeats, appends) must not wait for Nagle's algorithm.
     let incoming = TcpListenerStream::new(l).map(|s| {
         s.inspect(|s| {
             if let Err(e) = s.set_nodelay(true) {
@@ -446,7 +446,6 @@ fn spawn_server(
             }
         })
     });
-    let what = what.to_string();
     rt.spawn(async move {
         let r = tonic::transport::Server::builder()
             .add_routes(routes)
@@ -455,7 +454,7 @@ fn spawn_server(
             })
             .await;
         if let Err(e) = r {
-            tracing::error!("{what} server stopped: {e}");
+            tracing::error!("peer server stopped: {e}");
         }
     })
 }

@@ -29,7 +29,6 @@ use std::sync::Arc;
 pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
-pub use fast::KvCalls;
 pub use server::{background, Core, ServerConfig};
 pub use state::KvStateMachine;
 
@@ -67,7 +66,7 @@ pub fn client_port(core: &Arc<Core>) -> ClientPort {
     };
     ClientPort {
         router: services(core),
-        unary: Arc::new(KvCalls::new(core.clone())),
+        unary: Arc::new(fast::KvCalls::new(core.clone())),
         config,
     }
 }
