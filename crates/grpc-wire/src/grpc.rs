@@ -60,7 +60,7 @@ pub(crate) fn announced_len(body: &[u8]) -> Option<usize> {
 }
 
 /// grpc-go's (etcd's) answer to a message over the receive limit.
-pub(crate) fn too_large(found: usize, limit: usize) -> Status {
+pub fn too_large(found: usize, limit: usize) -> Status {
     Status::resource_exhausted(format!(
         "grpc: received message larger than max ({found} vs. {limit})"
     ))

@@ -39,6 +39,7 @@ use bytes::Bytes;
 pub use bridge::RecvBody;
 pub use conn::serve;
 pub use frame::Reason;
+pub use grpc::too_large;
 pub use sniff::{sniff, Protocol, Rewind};
 
 /// A unary call's answer: the encoded response message, or a gRPC status.

@@ -126,9 +126,7 @@ where
 fn within<T: prost::Message>(req: T, limit: usize) -> Result<T, Status> {
     let n = req.encoded_len();
     if n > limit {
-        return Err(Status::resource_exhausted(format!(
-            "grpc: received message larger than max ({n} vs. {limit})"
-        )));
+        return Err(grpc_wire::too_large(n, limit));
     }
     Ok(req)
 }

@@ -66,11 +66,15 @@ pub async fn grpc_limit_error(mut resp: Response) -> Response {
         .split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
         .collect();
-    let text = match nums.as_slice() {
-        [found, limit] => format!("grpc: received message larger than max ({found} vs. {limit})"),
-        _ => "grpc: received message larger than max".to_string(),
-    };
-    let fresh = tonic::Status::resource_exhausted(text).into_http::<axum::body::Body>();
+    let status = match nums.as_slice() {
+        [found, limit] => found.parse().ok().zip(limit.parse().ok()),
+        _ => None,
+    }
+    .map_or_else(
+        || tonic::Status::resource_exhausted("grpc: received message larger than max"),
+        |(found, limit)| grpc_wire::too_large(found, limit),
+    );
+    let fresh = status.into_http::<axum::body::Body>();
     let h = resp.headers_mut();
     h.remove("grpc-message");
     h.remove("grpc-status");
