@@ -5,7 +5,6 @@
 //! etcd's KV calls itself and hands every other stream to the router; anything else is
 //! HTTP/1.1, served by hyper with the same router.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use grpc_wire::Protocol;
@@ -13,27 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// What every connection of the port shares.
-#[derive(Debug, Clone)]
-pub struct Port {
-    router: axum::Router,
-    unary: Arc<dyn grpc_wire::Unary>,
-    config: Arc<grpc_wire::Config>,
-}
-
-impl Port {
-    pub fn new(p: rpc::ClientPort) -> Port {
-        Port {
-            router: p.router,
-            unary: p.unary,
-            config: Arc::new(p.config),
-        }
-    }
-}
-
 /// Accepts connections on `l` until `stop` turns true, then waits for those under way to
 /// finish (each is told to stop taking requests).
-pub async fn serve(l: TcpListener, port: Port, stop: watch::Receiver<bool>) {
+pub async fn serve(l: TcpListener, port: rpc::ClientPort, stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     let mut stopping = std::pin::pin!(stopped(stop.clone()));
     loop {
@@ -62,7 +43,7 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn connection(mut sock: TcpStream, port: Port, stop: watch::Receiver<bool>) {
+async fn connection(mut sock: TcpStream, port: rpc::ClientPort, stop: watch::Receiver<bool>) {
     // Small responses must not wait for Nagle's algorithm (a ~40 ms stall otherwise), as in
     // etcd (Go's default).
     if let Err(e) = sock.set_nodelay(true) {

@@ -85,41 +85,25 @@ struct Plan {
     raft: consensus::Config,
     server: ServerConfig,
     store: mvcc::StoreOptions,
-    client_port: ClientPortFlags,
+    http2: grpc_wire::Config,
 }
 
 /// The client port's HTTP/2 settings from etcd's gRPC flags.
-#[derive(Debug)]
-struct ClientPortFlags {
-    keepalive_min_time: Duration,
-    keepalive_interval: Option<Duration>,
-    keepalive_timeout: Duration,
-    max_concurrent_streams: u32,
-}
-
-impl ClientPortFlags {
-    fn parse(f: &ServeFlags) -> Result<ClientPortFlags> {
-        let duration =
-            |flag: &str, v: &str| rpc::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
-        let interval = duration("grpc-keepalive-interval", &f.grpc_keepalive_interval)?;
-        let timeout = duration("grpc-keepalive-timeout", &f.grpc_keepalive_timeout)?;
-        if timeout.is_zero() {
-            return Err("--grpc-keepalive-timeout: must be more than 0".into());
-        }
-        Ok(ClientPortFlags {
-            keepalive_min_time: duration("grpc-keepalive-min-time", &f.grpc_keepalive_min_time)?,
-            keepalive_interval: (!interval.is_zero()).then_some(interval),
-            keepalive_timeout: timeout,
-            max_concurrent_streams: f.max_concurrent_streams,
-        })
+fn http2_config(f: &ServeFlags) -> Result<grpc_wire::Config> {
+    let duration =
+        |flag: &str, v: &str| rpc::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
+    let interval = duration("grpc-keepalive-interval", &f.grpc_keepalive_interval)?;
+    let timeout = duration("grpc-keepalive-timeout", &f.grpc_keepalive_timeout)?;
+    if timeout.is_zero() {
+        return Err("--grpc-keepalive-timeout: must be more than 0".into());
     }
-
-    fn apply(&self, c: &mut grpc_wire::Config) {
-        c.ping_min_interval = self.keepalive_min_time;
-        c.keepalive_interval = self.keepalive_interval;
-        c.keepalive_timeout = self.keepalive_timeout;
-        c.max_concurrent_streams = self.max_concurrent_streams;
-    }
+    Ok(grpc_wire::Config {
+        ping_min_interval: duration("grpc-keepalive-min-time", &f.grpc_keepalive_min_time)?,
+        keepalive_interval: (!interval.is_zero()).then_some(interval),
+        keepalive_timeout: timeout,
+        max_concurrent_streams: f.max_concurrent_streams,
+        ..grpc_wire::Config::default()
+    })
 }
 
 fn same_urls(a: &[String], b: &[String]) -> bool {
@@ -301,7 +285,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
         raft,
         server,
         store,
-        client_port: ClientPortFlags::parse(f)?,
+        http2: http2_config(f)?,
     })
 }
 
@@ -377,9 +361,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         let routes = tonic::service::Routes::new(svc);
         servers.push(spawn_peer_server(&rt, l, routes, stop_rx.clone()));
     }
-    let mut port = rt.block_on(async { rpc::client_port(&core) });
-    p.client_port.apply(&mut port.config);
-    let port = client_port::Port::new(port);
+    let port = rt.block_on(async { rpc::client_port(&core, p.http2) });
     for l in client_ls {
         let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(%addr, "serving client traffic");

@@ -48,26 +48,27 @@ const GRPC_MAX_SEND: usize = i32::MAX as usize;
 
 /// What the client port serves: etcd's KV calls answered by the connection itself, and the
 /// router for everything else.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ClientPort {
     /// Every etcd service, the JSON gateway and the HTTP endpoints.
     pub router: axum::Router,
     /// KV Range, Put, DeleteRange and Txn without tonic's per-call machinery.
     pub unary: Arc<dyn grpc_wire::Unary>,
-    /// HTTP/2 limits, with gRPC's receive limit as etcd's.
-    pub config: grpc_wire::Config,
+    /// HTTP/2 settings, with gRPC's receive limit as etcd's.
+    pub config: Arc<grpc_wire::Config>,
 }
 
-/// The client port over `core` (called inside the runtime: it starts the health reporter).
-pub fn client_port(core: &Arc<Core>) -> ClientPort {
+/// The client port over `core` with the HTTP/2 settings `config`, its receive limit set from
+/// `--max-request-bytes` (called inside the runtime: it starts the health reporter).
+pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     let config = grpc_wire::Config {
         max_recv_message: core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
-        ..grpc_wire::Config::default()
+        ..config
     };
     ClientPort {
         router: services(core),
         unary: Arc::new(fast::KvCalls::new(core.clone())),
-        config,
+        config: Arc::new(config),
     }
 }
 
