@@ -1,4 +1,6 @@
-//! The raft thread: owns raft-rs's `RawNode`, the WAL and the transport, and runs the Ready loop.
+//! The Ready loop: raft-rs's `RawNode`, the WAL and the transport, behind one lock. The raft
+//! thread takes turns of it (commands, ticks, one Ready each); a sole voter's proposal may take
+//! a turn on the proposing thread itself ([`Driver::take_queued`]), sparing two thread wake-ups.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs;
@@ -7,6 +9,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use raft::eraftpb::{
     ConfChange, ConfChangeSingle, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
@@ -91,7 +95,6 @@ pub(crate) struct Driver<O: Send + 'static> {
     transport: Box<dyn Transport>,
     reporter: Reporter,
     shared: Arc<Shared<O>>,
-    rx: Receiver<Cmd>,
     apply: ApplyQueue,
     apply_thread: Option<JoinHandle<()>>,
     /// The configuration and members from each change on, oldest first (the first is the
@@ -111,6 +114,8 @@ pub(crate) struct Driver<O: Send + 'static> {
     spooling: bool,
     removed: bool,
     last_leave: Option<Instant>,
+    /// The loop has ended (stopped, or failed): no turn is taken any more.
+    ended: bool,
 }
 
 /// Creates the log of a member that has none, in a temporary directory renamed into place, so
@@ -173,7 +178,6 @@ impl<O: Send + 'static> Driver<O> {
         mut sm: S,
         transport: impl Transport,
         shared: Arc<Shared<O>>,
-        rx: Receiver<Cmd>,
     ) -> Result<Self> {
         let wal_dir = cfg.dir.join("wal");
         let snapshotter = shared.snapshotter.clone();
@@ -273,7 +277,6 @@ impl<O: Send + 'static> Driver<O> {
             transport,
             reporter,
             shared,
-            rx,
             apply,
             apply_thread: Some(apply_thread),
             changes: HashMap::new(),
@@ -288,67 +291,119 @@ impl<O: Send + 'static> Driver<O> {
             spooling: false,
             removed: false,
             last_leave: None,
+            ended: false,
         })
     }
 
-    pub(crate) fn run(mut self) {
-        let tick = self.cfg.heartbeat;
+    /// The raft thread: waits for commands or the next tick, and takes a turn for each wake-up,
+    /// until stopped or failed; then stops the apply thread, fails what waits and drops the
+    /// driver (its WAL, its transport), leaving `None`.
+    pub(crate) fn run(slot: &Mutex<Option<Self>>, rx: Receiver<Cmd>) {
+        let tick = slot.lock().as_ref().map(|d| d.cfg.heartbeat);
+        let Some(tick) = tick else { return };
         let mut next_tick = Instant::now() + tick;
         let result = loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
-            let first = match self.rx.recv_timeout(wait) {
+            let first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break Ok(()),
             };
+            let now = Instant::now();
+            let tick_due = now >= next_tick;
+            if tick_due {
+                next_tick = (next_tick + tick).max(now);
+            }
             // Take what is queued, up to a bound (a flood must not hold off ticks and Readies):
             // one Ready, one fsync, serves the whole batch.
-            let mut step = Ok(true);
-            let mut next = first;
-            let mut taken = 0;
-            while let Some(cmd) = next {
-                step = self.handle(cmd);
-                taken += 1;
-                if !matches!(step, Ok(true)) || taken == MAX_BATCH {
-                    break;
-                }
-                next = self.rx.try_recv().ok();
-            }
-            match step {
+            let more = std::iter::from_fn(|| rx.try_recv().ok());
+            let mut cmds = first.into_iter().chain(more).take(MAX_BATCH);
+            let r = match slot.lock().as_mut() {
+                Some(d) => d.turn(&mut cmds, tick_due),
+                None => Ok(false),
+            };
+            match r {
                 Ok(true) => {}
                 Ok(false) => break Ok(()),
                 Err(e) => break Err(e),
             }
-            let now = Instant::now();
-            if now >= next_tick {
-                self.raw.tick();
-                next_tick = (next_tick + tick).max(now);
-                self.on_tick(now);
-            }
-            self.issue_reads();
-            if let Err(e) = self.on_ready() {
-                break Err(e);
-            }
-            self.answer_applied();
-            if !self.spooling {
-                if let Some(want) = self.raw.store().take_wanted() {
-                    tracing::debug!(want, "a follower needs a snapshot; spooling one");
-                    self.spooling = self.apply.send(ApplyTask::Spool).is_ok();
-                }
-            }
-            self.publish_status();
         };
+        // From here a proposer that finds the loop busy cannot leave its proposal to the raft
+        // thread: it waits for the lock instead (see `QueuedTurn`), and finds the loop ended.
+        drop(rx);
+        let mut slot = slot.lock();
+        let Some(mut d) = slot.take() else { return };
         if let Err(e) = &result {
-            tracing::error!(member = %format!("{:x}", self.cfg.id), "raft node stopped: {e}");
+            tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
         }
-        let _ = self.apply.send(ApplyTask::Stop);
-        if let Some(t) = self.apply_thread.take() {
+        d.ended = true;
+        d.shared.publish_sole_leader(false, 0);
+        let _ = d.apply.send(ApplyTask::Stop);
+        if let Some(t) = d.apply_thread.take() {
             let _ = t.join();
         }
-        self.fail_everything();
+        d.fail_everything();
+    }
+
+    /// A turn on a proposer's thread, for the proposals queued for one ([`Shared::queued`]);
+    /// with the loop ended (`None`, or failed), they are failed. A failure stops the node, as
+    /// on the raft thread.
+    pub(crate) fn take_queued(slot: &mut Option<Self>, shared: &Shared<O>) {
+        match slot {
+            Some(d) if !d.ended => {
+                if let Err(e) = d.turn(&mut std::iter::empty(), false) {
+                    tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
+                    // No more turns; the raft thread, woken, winds the node down.
+                    d.ended = true;
+                    let _ = shared.tx.send(Cmd::Stop);
+                }
+            }
+            _ => {
+                shared.queued.lock().clear();
+                shared.fail_all(|| Error::Stopped);
+            }
+        }
+    }
+
+    /// One turn: the commands, the proposals queued for a turn, a tick if one is due (only the
+    /// raft thread keeps time), then one Ready (one WAL write and fsync for all of it).
+    /// `Ok(false)`: stop.
+    fn turn(&mut self, cmds: &mut dyn Iterator<Item = Cmd>, tick: bool) -> Result<bool> {
+        if self.ended {
+            return Ok(false);
+        }
+        for cmd in cmds {
+            if !self.handle(cmd)? {
+                return Ok(false);
+            }
+        }
+        self.propose_queued();
+        if tick {
+            self.raw.tick();
+            self.on_tick(Instant::now());
+        }
+        self.issue_reads();
+        self.on_ready()?;
+        self.answer_applied();
+        if !self.spooling {
+            if let Some(want) = self.raw.store().take_wanted() {
+                tracing::debug!(want, "a follower needs a snapshot; spooling one");
+                self.spooling = self.apply.send(ApplyTask::Spool).is_ok();
+            }
+        }
+        self.publish_status();
+        Ok(true)
+    }
+
+    fn propose_queued(&mut self) {
+        let queued = mem::take(&mut *self.shared.queued.lock());
+        for (seq, data) in queued {
+            self.propose(seq, data);
+        }
     }
 
     fn fail_everything(&mut self) {
+        self.shared.queued.lock().clear();
         self.shared.fail_all(|| Error::Stopped);
         let changes = self.changes.drain().map(|(_, r)| r);
         for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
@@ -420,6 +475,8 @@ impl<O: Send + 'static> Driver<O> {
             Cmd::Spooled(index) => self.prepare_snapshot(index),
             Cmd::Fatal(e) => return Err(e),
             Cmd::Stop => return Ok(false),
+            // Proposals are queued for a turn: this one takes them.
+            Cmd::Kick => {}
         }
         Ok(true)
     }

@@ -24,6 +24,7 @@ use raft::eraftpb::{ConfChangeType, Message, MessageType};
 use tokio::sync::oneshot;
 
 use crate::codec::{put_u64, Malformed, Reader};
+use crate::driver::Driver;
 use crate::member::{Member, Members};
 use crate::snap::{SnapError, Snapshotter};
 use crate::transport::Transport;
@@ -242,6 +243,9 @@ pub(crate) struct Shared<O> {
     /// This member leads, is the only voter and has committed an entry of its term: no other
     /// member can hold a newer write, so a linearizable read needs no round through raft.
     sole_leader: AtomicBool,
+    /// A sole leader's proposals, waiting for the next turn of the Ready loop: taken on the
+    /// proposer's thread when the loop is free (see [`QueuedTurn`]), else by the raft thread.
+    pub(crate) queued: Mutex<Vec<(u64, Vec<u8>)>>,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -329,6 +333,8 @@ pub(crate) enum Cmd {
     Spooled(Option<u64>),
     /// The apply thread failed; stop.
     Fatal(Error),
+    /// Proposals are queued for a turn ([`Shared::queued`]).
+    Kick,
     Stop,
 }
 
@@ -367,6 +373,8 @@ pub(crate) fn parse_context(ctx: &[u8]) -> Result<Context, Malformed> {
 /// A running raft member. Dropping it stops it.
 pub struct RaftNode<O: Send + 'static> {
     shared: Arc<Shared<O>>,
+    /// The Ready loop's state, `None` once the raft thread has ended.
+    driver: Arc<Mutex<Option<Driver<O>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -410,14 +418,18 @@ impl<O: Send + 'static> RaftNode<O> {
             applied_wanted: AtomicBool::new(false),
             committed: AtomicU64::new(0),
             sole_leader: AtomicBool::new(false),
+            queued: Mutex::new(Vec::new()),
         });
-        let driver = crate::driver::Driver::open(cfg, start, sm, transport, shared.clone(), rx)?;
+        let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;
+        let driver = Arc::new(Mutex::new(Some(driver)));
+        let d = driver.clone();
         let thread = std::thread::Builder::new()
             .name(format!("raft-{:x}", shared.id))
-            .spawn(move || driver.run())
+            .spawn(move || Driver::run(&d, rx))
             .map_err(|e| Error::Config(format!("cannot start the raft thread: {e}")))?;
         Ok(RaftNode {
             shared,
+            driver,
             thread: Some(thread),
         })
     }
@@ -432,14 +444,36 @@ impl<O: Send + 'static> RaftNode<O> {
 
     /// Proposes `data`; resolves with the state machine's output once this member applied it.
     /// Followers forward proposals to the leader.
+    ///
+    /// A sole leader's proposal is queued, and the future takes the Ready loop's turn for it on
+    /// the caller's thread when the raft thread is not in one: the WAL write and fsync and a
+    /// small apply then happen there, and the answer is ready when the turn ends — no hand-off
+    /// to the raft thread and back (two wake-ups, the larger part of a lone client's write on
+    /// a small machine). The future first yields once, so proposals made together (the calls
+    /// of one connection's read) share the turn and its fsync.
     pub fn propose(&self, data: Vec<u8>) -> impl Future<Output = Result<O>> + Send + 'static {
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.shared.waiters.lock().insert(seq, tx);
-        if self.send(Cmd::Propose { seq, data }).is_err() {
-            self.shared.waiters.lock().remove(&seq);
+        let turn = if self.shared.sole_leader.load(Ordering::SeqCst) {
+            self.shared.queued.lock().push((seq, data));
+            Some(QueuedTurn {
+                driver: self.driver.clone(),
+                shared: self.shared.clone(),
+                state: TurnState::Yield,
+            })
+        } else {
+            if self.send(Cmd::Propose { seq, data }).is_err() {
+                self.shared.waiters.lock().remove(&seq);
+            }
+            None
+        };
+        async move {
+            if let Some(turn) = turn {
+                turn.await;
+            }
+            rx.await.unwrap_or(Err(Error::Stopped))
         }
-        async move { rx.await.unwrap_or(Err(Error::Stopped)) }
     }
 
     /// A linearizable read point: resolves with a commit index once this member has applied
@@ -539,6 +573,67 @@ impl<O: Send + 'static> RaftNode<O> {
 impl<O: Send + 'static> Drop for RaftNode<O> {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Takes a turn of the Ready loop for queued proposals (see [`RaftNode::propose`]): after one
+/// yield, on this thread if the loop is free, else by waking the raft thread; dropped before
+/// then, it wakes the raft thread, which takes the proposal (the caller may have gone, the
+/// proposal was made).
+struct QueuedTurn<O: Send + 'static> {
+    driver: Arc<Mutex<Option<Driver<O>>>>,
+    shared: Arc<Shared<O>>,
+    state: TurnState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TurnState {
+    Yield,
+    Take,
+    Done,
+}
+
+impl<O: Send + 'static> QueuedTurn<O> {
+    fn take(&mut self) {
+        self.state = TurnState::Done;
+        if let Some(mut slot) = self.driver.try_lock() {
+            Driver::take_queued(&mut slot, &self.shared);
+        } else if self.shared.tx.send(Cmd::Kick).is_err() {
+            // The raft thread is winding down and reads no more commands: the lock is soon
+            // free, and the loop ended (the proposal is failed).
+            Driver::take_queued(&mut self.driver.lock(), &self.shared);
+        }
+    }
+}
+
+impl<O: Send + 'static> Future for QueuedTurn<O> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        match self.state {
+            TurnState::Yield => {
+                // Others polled in the same pass queue their proposals before the turn.
+                self.state = TurnState::Take;
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+            TurnState::Take => {
+                self.take();
+                std::task::Poll::Ready(())
+            }
+            TurnState::Done => std::task::Poll::Ready(()),
+        }
+    }
+}
+
+impl<O: Send + 'static> Drop for QueuedTurn<O> {
+    fn drop(&mut self) {
+        if self.state != TurnState::Done {
+            let _ = self.shared.tx.send(Cmd::Kick);
+        }
     }
 }
 
