@@ -807,7 +807,18 @@ impl<O: Send + 'static> Driver<O> {
             self.install_snapshot(rd.snapshot().clone())?;
         }
         let entries = rd.take_entries();
-        let hs = rd.hs().cloned();
+        let mut hs = rd.hs().cloned();
+        // A sole voter's entries are committed once durable: the hard state written with them
+        // says so, sparing the write of the commit index that raft computes after this save.
+        // (A leader appends in its own term; committing its last entry commits all before.)
+        let r = &self.raw.raft;
+        if let (StateRole::Leader, true, Some(last)) =
+            (r.state, r.prs().is_singleton(), entries.last())
+        {
+            let mut h = hs.unwrap_or_else(|| self.raw.store().hard_state().clone());
+            h.commit = h.commit.max(last.index);
+            hs = Some(h);
+        }
         self.wal.save(hs.as_ref(), &entries, rd.must_sync())?;
         if let Some(hs) = hs {
             self.raw.mut_store().set_hard_state(hs);
@@ -819,9 +830,12 @@ impl<O: Send + 'static> Driver<O> {
         let mut light = self.raw.advance_append(rd);
         if let Some(commit) = light.commit_index() {
             // The commit index reaches the WAL before the entries it covers are applied.
+            let saved = self.raw.store().hard_state().commit;
             self.raw.mut_store().set_commit(commit);
-            let hs = self.raw.store().hard_state().clone();
-            self.wal.save(Some(&hs), &[], false)?;
+            if commit > saved {
+                let hs = self.raw.store().hard_state().clone();
+                self.wal.save(Some(&hs), &[], false)?;
+            }
         }
         self.send(light.take_messages());
         self.handoff(light.take_committed_entries())?;

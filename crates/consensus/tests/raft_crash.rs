@@ -3,9 +3,11 @@
 //! (with `--features failpoints`) made to abort inside apply and inside snapshot save and
 //! restore, as etcd's robustness tests do with gofail. After every death the parent restarts
 //! all members from their directories and checks: every acknowledged proposal is applied, at
-//! the index it was acknowledged at, on every member, in the same order, once.
+//! the index it was acknowledged at, on every member, in the same order, once. Then the same
+//! kills for a one-member cluster, whose proposals take their turns on the proposing thread
+//! and whose commit index is written with the entries.
 //!
-//! The test binary is its own child: `raft_crash child DIR ROUND [FAILPOINT] [lag]`.
+//! The test binary is its own child: `raft_crash child DIR MEMBERS ROUND [FAILPOINT] [lag]`.
 
 mod harness;
 
@@ -27,8 +29,8 @@ fn tune(c: &mut Config) {
     c.snapshot_catchup_entries = 10;
 }
 
-fn child(dir: &Path, round: &str, failpoint: Option<&str>, lag: bool) {
-    let mut c = Cluster::open(dir, 3, tune);
+fn child(dir: &Path, members: u64, round: &str, failpoint: Option<&str>, lag: bool) {
+    let mut c = Cluster::open(dir, members, tune);
     if lag {
         // Member 3 falls far behind, then must restore the leader's snapshot.
         c.stop(3);
@@ -87,13 +89,15 @@ fn arm(name: &str) {
 /// Runs a child until it dies (or is killed after `kill_after`); returns what it acknowledged.
 fn run_child(
     dir: &Path,
+    members: u64,
     round: usize,
     failpoint: Option<&str>,
     lag: bool,
     kill_after: Option<Duration>,
 ) -> Vec<(Vec<u8>, u64)> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.arg("child").arg(dir).arg(round.to_string());
+    cmd.arg("child").arg(dir).arg(members.to_string());
+    cmd.arg(round.to_string());
     cmd.arg(failpoint.unwrap_or("-"));
     if lag {
         cmd.arg("lag");
@@ -141,8 +145,8 @@ fn run_child(
 }
 
 /// Restarts the whole cluster from `dir` and checks it against everything acknowledged.
-fn verify(dir: &Path, acked: &[(Vec<u8>, u64)]) -> usize {
-    let c = Cluster::open(dir, 3, tune);
+fn verify(dir: &Path, members: u64, acked: &[(Vec<u8>, u64)]) -> usize {
+    let c = Cluster::open(dir, members, tune);
     c.leader();
     c.acked.lock().extend(acked.iter().cloned());
     c.check();
@@ -153,8 +157,15 @@ fn verify(dir: &Path, acked: &[(Vec<u8>, u64)]) -> usize {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("child") {
-        let fp = Some(args[4].as_str()).filter(|f| *f != "-");
-        child(Path::new(&args[2]), &args[3], fp, args.get(5).is_some());
+        let fp = Some(args[5].as_str()).filter(|f| *f != "-");
+        let members = args[3].parse().unwrap();
+        child(
+            Path::new(&args[2]),
+            members,
+            &args[4],
+            fp,
+            args.get(6).is_some(),
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -163,8 +174,8 @@ fn main() {
     let mut applied = 0;
     for round in 0..KILLS {
         let d = Duration::from_millis(rng.gen_range(300..1200));
-        acked.extend(run_child(dir.path(), round, None, false, Some(d)));
-        applied = verify(dir.path(), &acked);
+        acked.extend(run_child(dir.path(), 3, round, None, false, Some(d)));
+        applied = verify(dir.path(), 3, &acked);
     }
     let mut fired = 0;
     if cfg!(feature = "failpoints") {
@@ -175,13 +186,37 @@ fn main() {
             ("raft_snapshot_apply", true),
         ];
         for (i, (fp, lag)) in rounds.into_iter().enumerate() {
-            acked.extend(run_child(dir.path(), KILLS + i, Some(fp), lag, None));
-            applied = verify(dir.path(), &acked);
+            acked.extend(run_child(dir.path(), 3, KILLS + i, Some(fp), lag, None));
+            applied = verify(dir.path(), 3, &acked);
             fired += 1;
         }
     }
     println!(
         "raft_crash: {KILLS} SIGKILLs of a 3-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied on every member in the same order",
+        acked.len()
+    );
+    let solo = tempfile::tempdir().unwrap();
+    let mut acked = Vec::new();
+    for round in 0..KILLS {
+        let d = Duration::from_millis(rng.gen_range(300..1200));
+        acked.extend(run_child(solo.path(), 1, round, None, false, Some(d)));
+        applied = verify(solo.path(), 1, &acked);
+    }
+    let mut fired = 0;
+    if cfg!(feature = "failpoints") {
+        let rounds = [
+            "raft_before_apply",
+            "raft_after_apply",
+            "raft_snapshot_save",
+        ];
+        for (i, fp) in rounds.into_iter().enumerate() {
+            acked.extend(run_child(solo.path(), 1, KILLS + i, Some(fp), false, None));
+            applied = verify(solo.path(), 1, &acked);
+            fired += 1;
+        }
+    }
+    println!(
+        "raft_crash: {KILLS} SIGKILLs of a 1-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied",
         acked.len()
     );
 }

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -27,11 +28,13 @@ use crate::{Fallback, Response};
 /// Output a stream's task may have waiting before it waits for the connection.
 pub(crate) const UNSENT_LIMIT: usize = 256 * 1024;
 
-/// What the stream tasks of one connection tell it: which streams have news.
+/// What the stream tasks of one connection tell it: which streams have news. As a waker it
+/// is the one the connection's unary calls are polled with: it notes that one woke.
 #[derive(Debug, Default)]
 pub(crate) struct ConnShared {
     ready: Mutex<Vec<u32>>,
     waker: AtomicWaker,
+    calls_woken: AtomicBool,
 }
 
 impl ConnShared {
@@ -39,9 +42,25 @@ impl ConnShared {
         self.waker.register(w);
     }
 
+    /// Whether a unary call woke since the last call.
+    pub(crate) fn take_calls_woken(&self) -> bool {
+        self.calls_woken.swap(false, Ordering::AcqRel)
+    }
+
     /// The streams with news since the last call.
     pub(crate) fn take_ready(&self, into: &mut Vec<u32>) {
         std::mem::swap(&mut *self.ready.lock(), into);
+    }
+}
+
+impl std::task::Wake for ConnShared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.calls_woken.store(true, Ordering::Release);
+        self.waker.wake();
     }
 }
 

@@ -11,7 +11,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -199,6 +199,8 @@ pub(crate) struct Conn<T, S> {
     partial: Option<Partial>,
     blocked: VecDeque<u32>,
     calls: FuturesUnordered<Call>,
+    /// What `calls` are polled with: `shared`, noting their wake-ups.
+    calls_waker: Waker,
     shared: Arc<ConnShared>,
     ready_ids: Vec<u32>,
     scratch: VecDeque<Out>,
@@ -290,7 +292,10 @@ where
         if conn_window > frame::DEFAULT_WINDOW {
             frame::window_update(&mut out, 0, (conn_window - frame::DEFAULT_WINDOW) as u32);
         }
+        let shared = Arc::new(ConnShared::default());
         Conn {
+            calls_waker: Waker::from(shared.clone()),
+            shared,
             io,
             unary,
             svc,
@@ -313,7 +318,6 @@ where
             partial: None,
             blocked: VecDeque::new(),
             calls: FuturesUnordered::new(),
-            shared: Arc::new(ConnShared::default()),
             ready_ids: Vec::new(),
             scratch: VecDeque::new(),
             eof: false,
@@ -360,9 +364,22 @@ where
                     Poll::Pending => {}
                 }
             }
-            while let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(cx) {
-                self.answer(id, r);
-                busy = true;
+            // A call that woke itself while polled (a proposal yields once so that the calls
+            // polled with it join its turn) is polled again before the output is written: its
+            // answer then leaves with what its request brought about (a PING's ACK, window
+            // credit) in one write. Bounded: each call yields a bounded number of times.
+            let waker = self.calls_waker.clone();
+            let mut calls_cx = Context::from_waker(&waker);
+            let mut rounds = self.calls.len() + 1;
+            loop {
+                while let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(&mut calls_cx) {
+                    self.answer(id, r);
+                    busy = true;
+                }
+                if !self.shared.take_calls_woken() || rounds == 0 {
+                    break;
+                }
+                rounds -= 1;
             }
             self.shared.take_ready(&mut self.ready_ids);
             if !self.ready_ids.is_empty() {

@@ -1,13 +1,17 @@
 //! Edges of a stream's life through raw frames: a request whose header list is too large is
-//! answered 431 and ended, and what a client sends on a stream the server already reset is
-//! ignored rather than answered with another error.
+//! answered 431 and ended, what a client sends on a stream the server already reset is ignored
+//! rather than answered with another error, and a call that wakes itself once is answered in
+//! the same write as what its request brought about.
 
 mod common;
 
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::{block, frame, read_until, Frame};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -100,5 +104,124 @@ async fn frames_on_a_stream_the_server_reset_are_ignored() {
         .filter(|f| f.0 == common::RST_STREAM || f.0 == common::GOAWAY)
         .collect();
     assert!(errors.is_empty(), "{errors:?}");
+    assert!(!conn.is_finished());
+}
+
+/// Answers with the request message after waking itself once (as a proposal does so that the
+/// calls polled with it share its turn).
+#[derive(Debug)]
+struct YieldsOnce;
+
+impl grpc_wire::Unary for YieldsOnce {
+    fn route(&self, path: &[u8]) -> Option<usize> {
+        (path == b"/t.S/Echo").then_some(0)
+    }
+
+    fn call(&self, _: usize, msg: bytes::Bytes) -> grpc_wire::UnaryFuture {
+        let mut yielded = false;
+        let mut msg = Some(msg);
+        Box::pin(std::future::poll_fn(move |cx| {
+            if !std::mem::replace(&mut yielded, true) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(msg.take().unwrap_or_default()))
+        }))
+    }
+}
+
+/// The server's end of a pipe, keeping each write it is given.
+struct Recorded {
+    io: tokio::io::DuplexStream,
+    writes: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl AsyncRead for Recorded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Recorded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let n = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf))?;
+        self.writes.lock().unwrap().push(buf[..n].to_vec());
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The frames in one write: (type, flags, stream).
+fn frames_in(mut b: &[u8]) -> Vec<(u8, u8, u32)> {
+    let mut out = Vec::new();
+    while b.len() >= 9 {
+        let len = (b[0] as usize) << 16 | (b[1] as usize) << 8 | b[2] as usize;
+        let stream = u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff;
+        out.push((b[3], b[4], stream));
+        b = &b[(9 + len).min(b.len())..];
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_call_that_yields_once_is_answered_in_the_write_of_its_pings_ack() {
+    let (mut c, server) = tokio::io::duplex(1 << 20);
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let io = Recorded {
+        io: server,
+        writes: writes.clone(),
+    };
+    let conn = tokio::spawn(grpc_wire::serve(
+        io,
+        b"",
+        Arc::new(grpc_wire::Config::default()),
+        Arc::new(YieldsOnce),
+        common::Drain,
+        std::future::pending(),
+    ));
+    c.write_all(&common::preface()).await.unwrap();
+    read_until(&mut c, false, WAIT, |f| {
+        f.0 == common::SETTINGS && f.1 & common::ACK != 0
+    })
+    .await
+    .expect("the server acknowledges the client's settings");
+    // As grpc-go sends a request after a response: a PING (its BDP probe), then the call.
+    let mut req = frame(common::PING, 0, 0, &[7; 8]);
+    req.extend(frame(common::HEADERS, common::END_HEADERS, 1, block::ECHO));
+    req.extend(frame(
+        common::DATA,
+        common::END_STREAM,
+        1,
+        &common::grpc_message(b"hi"),
+    ));
+    c.write_all(&req).await.unwrap();
+    read_until(&mut c, false, WAIT, ends(1))
+        .await
+        .expect("the call is answered");
+    let writes = writes.lock().unwrap().clone();
+    let with_ack = writes
+        .iter()
+        .map(|w| frames_in(w))
+        .find(|fs| fs.contains(&(common::PING, common::ACK, 0)))
+        .expect("the PING is acknowledged");
+    assert!(
+        with_ack.contains(&(common::HEADERS, common::END_HEADERS, 1)),
+        "the answer is not in the write of the PING's ACK: {with_ack:?}"
+    );
     assert!(!conn.is_finished());
 }
