@@ -168,55 +168,46 @@ fn main() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x7a1);
+    let rounds = [
+        ("raft_before_apply", false),
+        ("raft_after_apply", false),
+        ("raft_snapshot_save", false),
+        ("raft_snapshot_apply", true),
+    ];
+    kill_rounds(3, &mut rng, &rounds);
+    // One member cannot lag behind itself.
+    kill_rounds(1, &mut rng, &rounds[..3]);
+}
+
+/// `KILLS` SIGKILLs of a cluster of `members`, then (with failpoints) one death in each
+/// failpoint of `failpoints` (with member 3 lagging, if asked), checking after each.
+fn kill_rounds(members: u64, rng: &mut impl Rng, failpoints: &[(&str, bool)]) {
+    let dir = tempfile::tempdir().unwrap();
     let mut acked = Vec::new();
     let mut applied = 0;
     for round in 0..KILLS {
         let d = Duration::from_millis(rng.gen_range(300..1200));
-        acked.extend(run_child(dir.path(), 3, round, None, false, Some(d)));
-        applied = verify(dir.path(), 3, &acked);
+        acked.extend(run_child(dir.path(), members, round, None, false, Some(d)));
+        applied = verify(dir.path(), members, &acked);
     }
     let mut fired = 0;
     if cfg!(feature = "failpoints") {
-        let rounds = [
-            ("raft_before_apply", false),
-            ("raft_after_apply", false),
-            ("raft_snapshot_save", false),
-            ("raft_snapshot_apply", true),
-        ];
-        for (i, (fp, lag)) in rounds.into_iter().enumerate() {
-            acked.extend(run_child(dir.path(), 3, KILLS + i, Some(fp), lag, None));
-            applied = verify(dir.path(), 3, &acked);
+        for (i, &(fp, lag)) in failpoints.iter().enumerate() {
+            acked.extend(run_child(
+                dir.path(),
+                members,
+                KILLS + i,
+                Some(fp),
+                lag,
+                None,
+            ));
+            applied = verify(dir.path(), members, &acked);
             fired += 1;
         }
     }
     println!(
-        "raft_crash: {KILLS} SIGKILLs of a 3-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied on every member in the same order",
-        acked.len()
-    );
-    let solo = tempfile::tempdir().unwrap();
-    let mut acked = Vec::new();
-    for round in 0..KILLS {
-        let d = Duration::from_millis(rng.gen_range(300..1200));
-        acked.extend(run_child(solo.path(), 1, round, None, false, Some(d)));
-        applied = verify(solo.path(), 1, &acked);
-    }
-    let mut fired = 0;
-    if cfg!(feature = "failpoints") {
-        let rounds = [
-            "raft_before_apply",
-            "raft_after_apply",
-            "raft_snapshot_save",
-        ];
-        for (i, fp) in rounds.into_iter().enumerate() {
-            acked.extend(run_child(solo.path(), 1, KILLS + i, Some(fp), false, None));
-            applied = verify(solo.path(), 1, &acked);
-            fired += 1;
-        }
-    }
-    println!(
-        "raft_crash: {KILLS} SIGKILLs of a 1-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied",
+        "raft_crash: {KILLS} SIGKILLs of a {members}-member cluster, {fired} failpoint deaths; {} acknowledged, {applied} applied on every member in the same order",
         acked.len()
     );
 }

@@ -212,6 +212,8 @@ pub(crate) struct Conn<T, S> {
     failed: Option<Error>,
     /// Frame handling stopped with whole frames unread, the output being full.
     held_back: bool,
+    /// The last turn left its output for the next (see `poll`).
+    write_deferred: bool,
     /// The streams we reset last: frames the client sent on them before it knew are ignored
     /// (RFC 9113, 5.1), not answered as errors.
     we_reset: VecDeque<u32>,
@@ -324,6 +326,7 @@ where
             draining: false,
             failed: None,
             held_back: false,
+            write_deferred: false,
             we_reset: VecDeque::new(),
             live: liveness::Liveness::new(&cfg),
             cfg,
@@ -340,6 +343,9 @@ where
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.shared.register(cx.waker());
+        // Only a call's wake-up from here on counts for deferring the output (see below): it
+        // polls this task again, the waker being registered.
+        self.shared.take_calls_woken();
         loop {
             let mut busy = false;
             if self.failed.is_none() {
@@ -364,22 +370,11 @@ where
                     Poll::Pending => {}
                 }
             }
-            // A call that woke itself while polled (a proposal yields once so that the calls
-            // polled with it join its turn) is polled again before the output is written: its
-            // answer then leaves with what its request brought about (a PING's ACK, window
-            // credit) in one write. Bounded: each call yields a bounded number of times.
             let waker = self.calls_waker.clone();
             let mut calls_cx = Context::from_waker(&waker);
-            let mut rounds = self.calls.len() + 1;
-            loop {
-                while let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(&mut calls_cx) {
-                    self.answer(id, r);
-                    busy = true;
-                }
-                if !self.shared.take_calls_woken() || rounds == 0 {
-                    break;
-                }
-                rounds -= 1;
+            while let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(&mut calls_cx) {
+                self.answer(id, r);
+                busy = true;
             }
             self.shared.take_ready(&mut self.ready_ids);
             if !self.ready_ids.is_empty() {
@@ -392,6 +387,16 @@ where
                 self.ready_ids.clear();
             }
             busy |= self.poll_keepalive(cx);
+            // A call that woke itself while polled (a proposal yields once so that the calls
+            // of every connection polled before it joins its turn) is answered when this task
+            // is polled next, at once: the output waits for it, so the answer leaves with what
+            // its request brought about (a PING's ACK, window credit) in one write. Once: the
+            // next turn writes whatever it has.
+            let defer = self.shared.take_calls_woken() && !self.write_deferred;
+            self.write_deferred = defer;
+            if defer {
+                return Poll::Pending;
+            }
             match self.poll_write(cx) {
                 Poll::Ready(Ok(())) => busy |= std::mem::take(&mut self.held_back) || read_held,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
