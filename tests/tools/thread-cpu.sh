@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One workload of etcd's `benchmark` tool against one fresh single-member server, printing its
+# throughput, the load generator's CPU, and for each of the server's threads its CPU time and
+# context switches (voluntary, involuntary) per request: where a server's time goes.
+# Usage:  thread-cpu.sh path/to/server put1|put100|range-l|range-s   (N=requests to override)
+# Needs: ../shared/tools/etcd-peers.sh (builds etcdctl and benchmark once).
+set -euo pipefail
+exe=$(readlink -f "${1:?usage: thread-cpu.sh path/to/server workload}")
+wl=${2:?usage: thread-cpu.sh path/to/server workload}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$("$here/../../../shared/tools/etcd-peers.sh")
+d=$(mktemp -d)
+"$exe" --name bench --data-dir "$d/data" \
+  --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
+  --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+  --initial-cluster bench=http://127.0.0.1:23800 >"$d/log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
+for _ in $(seq 100); do
+  "$bin/etcdctl" --endpoints 127.0.0.1:23790 put foo bar >/dev/null 2>&1 && break
+  sleep 0.1
+done
+B="$bin/benchmark --endpoints 127.0.0.1:23790"
+# thread id, name, ticks, voluntary and involuntary switches
+snap() {
+  for t in /proc/$pid/task/*; do
+    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14+$15}' "$t/stat") \
+      $(awk '/^voluntary_ctxt/{v=$2} /nonvoluntary_ctxt/{n=$2} END{print v, n}' "$t/status")"
+  done | sort
+}
+snap >"$d/a"
+timed() { /usr/bin/time -f "client cpu %U s user %S s sys" "$@"; }
+case $wl in
+  put1)    n=${N:-3000};  out=$(timed $B --conns 1 --clients 1 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
+  put100)  n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
+  range-l) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency l --total "$n" 2>&1) ;;
+  range-s) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency s --total "$n" 2>&1) ;;
+  *) echo "unknown workload $wl" >&2; exit 2 ;;
+esac
+snap >"$d/b"
+hz=$(getconf CLK_TCK)
+echo "$wl req/s=$(echo "$out" | tr '\r' '\n' | awk '/Requests\/sec/{print $2}') $(echo "$out" | grep 'client cpu')"
+join "$d/a" "$d/b" | awk -v n="$n" -v hz="$hz" '{
+  cpu = ($7 - $3) * 1e6 / hz / n; v = ($8 - $4) / n; nv = ($9 - $5) / n
+  if (cpu > 0 || v > 0.01) printf "%-20s cpu/req=%7.1fus vcs/req=%5.2f ivcs/req=%5.2f\n", $2, cpu, v, nv
+  T += cpu; V += v; N += nv
+} END { printf "%-20s cpu/req=%7.1fus vcs/req=%5.2f ivcs/req=%5.2f\n", "TOTAL", T, V, N }'
