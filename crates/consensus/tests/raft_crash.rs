@@ -188,12 +188,15 @@ fn kill_rounds(members: u64, rng: &mut impl Rng, failpoints: &[(&str, bool)]) {
     let mut applied = 0;
     for round in 0..KILLS {
         let d = Duration::from_millis(rng.gen_range(300..1200));
+        eprintln!("{members} members, round {round}: SIGKILL after {d:?}");
         acked.extend(run_child(dir.path(), members, round, None, false, Some(d)));
         applied = verify(dir.path(), members, &acked);
     }
     let mut fired = 0;
     if cfg!(feature = "failpoints") {
         for (i, &(fp, lag)) in failpoints.iter().enumerate() {
+            let lagging = if lag { ", member 3 lagging" } else { "" };
+            eprintln!("{members} members, round {}: {fp}{lagging}", KILLS + i);
             acked.extend(run_child(
                 dir.path(),
                 members,

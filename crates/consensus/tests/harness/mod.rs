@@ -567,10 +567,23 @@ impl Cluster {
             if commits.iter().chain(&applied).all(|&i| i >= target) {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "members did not converge: commits {commits:?}, applied {applied:?}"
-            );
+            if Instant::now() >= deadline {
+                let status: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|(id, n)| {
+                        let s = n.status();
+                        format!(
+                            "{id}: {:?} of leader {:?} in term {}, commit {}, applied {}, snapshot {}, peers {:?}",
+                            s.role, s.leader, s.term, s.commit, s.applied, s.snapshot_index, s.peers
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "members did not converge: commits {commits:?}, applied {applied:?}\n{}",
+                    status.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
