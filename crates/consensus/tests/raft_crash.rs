@@ -168,6 +168,11 @@ fn main() {
         );
         return;
     }
+    // The checks' own members log their warnings (a stuck catch-up says why).
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .init();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x7a1);
     let rounds = [
         ("raft_before_apply", false),
