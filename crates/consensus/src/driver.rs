@@ -787,7 +787,9 @@ impl<O: Send + 'static> Driver<O> {
                 let done = SnapshotDone::new(self.reporter.clone(), to);
                 self.transport.send_snapshot(m, path, done);
             } else {
+                // Without this, raft-rs would be handed the same snapshot at every try.
                 tracing::warn!(to, index, "snapshot data is gone; will prepare another");
+                self.raw.mut_store().clear_prepared();
                 self.raw.report_snapshot(to, SnapshotStatus::Failure);
             }
         }
@@ -1077,6 +1079,11 @@ impl<O: Send + 'static> Driver<O> {
     fn prepare_snapshot(&mut self, index: Option<u64>) {
         self.spooling = false;
         let Some(index) = index else { return };
+        if !self.shared.snapshotter.spool_path(index).exists() {
+            // Purged by a snapshot recorded before this news arrived: raft-rs asks again.
+            tracing::warn!(index, "spooled snapshot data is gone; another will be made");
+            return;
+        }
         let (Some(term), Some((cs, members))) =
             (self.raw.store().term_of(index), self.conf_at(index))
         else {

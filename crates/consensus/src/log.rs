@@ -121,6 +121,12 @@ impl LogStore {
         self.wanted.set(None);
     }
 
+    /// Forgets the prepared snapshot (its data is gone): the next one raft-rs asks for is made
+    /// anew.
+    pub(crate) fn clear_prepared(&mut self) {
+        self.prepared = None;
+    }
+
     pub(crate) fn prepared_index(&self) -> u64 {
         self.prepared.as_ref().map_or(0, |s| s.get_metadata().index)
     }
