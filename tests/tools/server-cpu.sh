@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One workload of etcd's `benchmark` tool against one fresh single-member server, printing its
 # throughput and the server process's own CPU (user+sys) per request: for A/B comparisons of
-# two kvd builds (or kvd and etcd), run alternately, one server at a time.
-# Usage:  server-cpu.sh path/to/server put1|put100|range-l|range-s
+# two kvd builds (or kvd and etcd), run alternately, one server at a time. With THREADS=1 it
+# also prints the load generator's CPU and, for each of the server's threads, its CPU time and
+# context switches (voluntary, involuntary) per request: where a server's time goes.
+# Usage:  [THREADS=1] [N=requests] server-cpu.sh path/to/server put1|put100|range-l|range-s
 # Needs: ../shared/tools/etcd-peers.sh (builds etcdctl and benchmark once).
 set -euo pipefail
 exe=$(readlink -f "${1:?usage: server-cpu.sh path/to/server workload}")
@@ -22,15 +24,32 @@ for _ in $(seq 100); do
 done
 B="$bin/benchmark --endpoints 127.0.0.1:23790"
 ticks() { awk '{print $14+$15}' "/proc/$pid/stat"; }
+# thread id, name, ticks, voluntary and involuntary switches
+threads() {
+  for t in /proc/$pid/task/*; do
+    echo "$(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14+$15}' "$t/stat") \
+      $(awk '/^voluntary_ctxt/{v=$2} /nonvoluntary_ctxt/{n=$2} END{print v, n}' "$t/status")"
+  done | sort
+}
+timed() { /usr/bin/time -f "client cpu %U s user %S s sys" "$@"; }
+[ -n "${THREADS:-}" ] && threads >"$d/a"
 t0=$(ticks)
 case $wl in
-  put1)    n=3000;  out=$($B --conns 1 --clients 1 put --key-size 8 --sequential-keys --val-size 256 --total $n 2>&1) ;;
-  put100)  n=60000; out=$($B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total $n 2>&1) ;;
-  range-l) n=60000; out=$($B --conns 10 --clients 100 range foo --consistency l --total $n 2>&1) ;;
-  range-s) n=60000; out=$($B --conns 10 --clients 100 range foo --consistency s --total $n 2>&1) ;;
+  put1)    n=${N:-3000};  out=$(timed $B --conns 1 --clients 1 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
+  put100)  n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
+  range-l) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency l --total "$n" 2>&1) ;;
+  range-s) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency s --total "$n" 2>&1) ;;
   *) echo "unknown workload $wl" >&2; exit 2 ;;
 esac
 t1=$(ticks)
-rps=$(echo "$out" | awk '/Requests\/sec/{print $2}')
+rps=$(echo "$out" | tr '\r' '\n' | awk '/Requests\/sec/{print $2}')
 hz=$(getconf CLK_TCK)
 echo "$(basename "$exe") $wl req/s=$rps cpu-us/req=$(awk -v a="$t0" -v b="$t1" -v n="$n" -v hz="$hz" 'BEGIN{printf "%.1f", (b-a)*1e6/hz/n}')"
+[ -z "${THREADS:-}" ] && exit 0
+threads >"$d/b"
+echo "$out" | grep 'client cpu'
+join "$d/a" "$d/b" | awk -v n="$n" -v hz="$hz" '{
+  cpu = ($7 - $3) * 1e6 / hz / n; v = ($8 - $4) / n; nv = ($9 - $5) / n
+  if (cpu > 0 || v > 0.01) printf "%-20s cpu/req=%7.1fus vcs/req=%5.2f ivcs/req=%5.2f\n", $2, cpu, v, nv
+  T += cpu; V += v; N += nv
+} END { printf "%-20s cpu/req=%7.1fus vcs/req=%5.2f ivcs/req=%5.2f\n", "TOTAL", T, V, N }'
