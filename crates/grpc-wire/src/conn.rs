@@ -186,6 +186,8 @@ pub(crate) struct Conn<T, S> {
     preface_read: bool,
     settings_read: bool,
     out: Vec<u8>,
+    /// The ACKs of the client's PINGs, put after the rest of the output when it is written.
+    acks: Vec<u8>,
     written: usize,
     dec: Decoder,
     enc: Encoder,
@@ -307,6 +309,7 @@ where
             preface_read: false,
             settings_read: false,
             out,
+            acks: Vec::new(),
             written: 0,
             dec: Decoder::new(HEADER_TABLE),
             enc: Encoder::new(),
@@ -397,6 +400,11 @@ where
             if defer {
                 return Poll::Pending;
             }
+            // PING ACKs go after the answers of the same write: grpc-go's client pings to
+            // estimate bandwidth on the first DATA frame it reads while no ping of its is
+            // unanswered, so an ACK read after the DATA costs it (and us) a ping only every
+            // other answer; before the DATA, every answer.
+            self.out.append(&mut self.acks);
             match self.poll_write(cx) {
                 Poll::Ready(Ok(())) => busy |= std::mem::take(&mut self.held_back) || read_held,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),

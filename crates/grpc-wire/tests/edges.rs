@@ -179,7 +179,7 @@ fn frames_in(mut b: &[u8]) -> Vec<(u8, u8, u32)> {
 }
 
 #[tokio::test]
-async fn a_call_that_yields_once_is_answered_in_the_write_of_its_pings_ack() {
+async fn a_call_that_yields_once_is_answered_in_the_write_of_its_pings_ack_ahead_of_it() {
     let (mut c, server) = tokio::io::duplex(1 << 20);
     let writes = Arc::new(Mutex::new(Vec::new()));
     let io = Recorded {
@@ -222,6 +222,15 @@ async fn a_call_that_yields_once_is_answered_in_the_write_of_its_pings_ack() {
     assert!(
         with_ack.contains(&(common::HEADERS, common::END_HEADERS, 1)),
         "the answer is not in the write of the PING's ACK: {with_ack:?}"
+    );
+    // The ACK follows the answer's DATA: grpc-go then reads its DATA with the probe still
+    // unanswered and does not send another.
+    let at = |f: &dyn Fn(&(u8, u8, u32)) -> bool| with_ack.iter().position(f);
+    let data = at(&|f| f.0 == common::DATA && f.2 == 1).expect("the answer has DATA");
+    let ack = at(&|f| f.0 == common::PING).expect("the ACK");
+    assert!(
+        data < ack,
+        "the PING's ACK comes before the answer's DATA: {with_ack:?}"
     );
     assert!(!conn.is_finished());
 }

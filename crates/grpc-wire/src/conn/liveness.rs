@@ -122,7 +122,7 @@ where
 
     /// A PING from the client: acknowledged, and checked against the ping policy.
     pub(super) fn on_client_ping(&mut self, payload: &[u8]) -> Result<(), ConnError> {
-        frame::ping_ack(&mut self.out, payload);
+        frame::ping_ack(&mut self.acks, payload);
         let l = &mut self.live;
         let now = Instant::now();
         let last = l.last_client_ping.replace(now);
