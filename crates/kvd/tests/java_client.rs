@@ -1,0 +1,50 @@
+//! jetcd — Java's etcd client, Vert.x gRPC over Netty's HTTP/2 — against kvd and, with the
+//! same expectations, against etcd: the JUnit tests of `tests/clients/java` (KV, Txn and
+//! etcd's errors, a 1 MiB value, 200 calls at once on one connection, Watch, Lease, Lock and
+//! Election), run by Maven with its downloads and build under target/.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{run, Addrs, Proc};
+
+#[test]
+fn jetcd_works_against_kvd_as_against_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let e = Addrs::new("etcd");
+    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
+    etcd.wait_ready();
+
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let build = tmp.join("java-client");
+    let reports = build.join("surefire-reports");
+    let _ = std::fs::remove_dir_all(&reports);
+    let pom = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/java/pom.xml");
+    run(
+        Command::new("mvn")
+            .args(["-q", "-B", "test", "-f"])
+            .arg(&pom)
+            .arg(format!("-Dmaven.repo.local={}", tmp.join("m2").display()))
+            .arg(format!("-Dkvd.build.dir={}", build.display()))
+            .arg(format!(
+                "-Dendpoints=kvd=http://{},etcd=http://{}",
+                k.endpoint(),
+                e.endpoint()
+            )),
+        "mvn test (are Java 17 and Maven installed?)",
+    );
+    // Every test ran, against both servers.
+    let report = std::fs::read_to_string(reports.join("TEST-kvd.JetcdTest.xml")).unwrap();
+    let suite = report.lines().find(|l| l.contains("<testsuite ")).unwrap();
+    for want in [
+        r#"tests="10""#,
+        r#"failures="0""#,
+        r#"errors="0""#,
+        r#"skipped="0""#,
+    ] {
+        assert!(suite.contains(want), "{want} not in {suite}");
+    }
+}
