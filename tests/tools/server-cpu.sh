@@ -4,7 +4,9 @@
 # two kvd builds (or kvd and etcd), run alternately, one server at a time. With THREADS=1 it
 # also prints the load generator's CPU and, for each of the server's threads, its CPU time and
 # context switches (voluntary, involuntary) per request: where a server's time goes.
-# Usage:  [THREADS=1] [N=requests] server-cpu.sh path/to/server put1|put100|range-l|range-s
+# mixed-s and mixed-l time one client's serializable or linearizable reads while 10 other
+# clients put as fast as they can, and print the reads' latency (the CPU then includes the puts).
+# Usage:  [THREADS=1] [N=requests] server-cpu.sh path/to/server put1|put100|range-l|range-s|mixed-s|mixed-l
 # Needs: ../shared/tools/etcd-peers.sh (builds etcdctl and benchmark once).
 set -euo pipefail
 exe=$(readlink -f "${1:?usage: server-cpu.sh path/to/server workload}")
@@ -17,7 +19,8 @@ d=$(mktemp -d)
   --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
   --initial-cluster bench=http://127.0.0.1:23800 >"$d/log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
+puts=
+trap 'kill $puts $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
 for _ in $(seq 100); do
   "$bin/etcdctl" --endpoints 127.0.0.1:23790 put foo bar >/dev/null 2>&1 && break
   sleep 0.1
@@ -39,12 +42,21 @@ case $wl in
   put100)  n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
   range-l) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency l --total "$n" 2>&1) ;;
   range-s) n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 range foo --consistency s --total "$n" 2>&1) ;;
+  mixed-s|mixed-l)
+    n=${N:-4000}
+    $B --conns 10 --clients 10 put --key-size 8 --sequential-keys --val-size 256 --total 10000000 >/dev/null 2>&1 &
+    puts=$!
+    sleep 1
+    out=$(timed $B --conns 1 --clients 1 range foo --consistency "${wl#mixed-}" --total "$n" 2>&1)
+    kill $puts; wait $puts 2>/dev/null || true; puts= ;;
   *) echo "unknown workload $wl" >&2; exit 2 ;;
 esac
 t1=$(ticks)
 rps=$(echo "$out" | tr '\r' '\n' | awk '/Requests\/sec/{print $2}')
 hz=$(getconf CLK_TCK)
 echo "$(basename "$exe") $wl req/s=$rps cpu-us/req=$(awk -v a="$t0" -v b="$t1" -v n="$n" -v hz="$hz" 'BEGIN{printf "%.1f", (b-a)*1e6/hz/n}')"
+case $wl in mixed-*) echo "$out" | tr '\r' '\n' | awk '/Average:/{a=$2} /99% in/{p=$3} /99.9% in/{q=$3}
+  END{printf "reads: average %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n", a*1000, p*1000, q*1000}' ;; esac
 [ -z "${THREADS:-}" ] && exit 0
 threads >"$d/b"
 echo "$out" | grep 'client cpu'
