@@ -1,7 +1,7 @@
-//! A Node.js client — @grpc/grpc-js, whose HTTP/2 is Node's nghttp2, a third HTTP/2 stack
-//! beside grpc-go's and gRPC C-core's — loading `proto/` at run time, against kvd and, with the
-//! same expectations, against etcd: KV with etcd's errors, messages over HTTP/2's default
-//! windows, 200 calls at once on one connection, Watch, Lease and a Snapshot stream.
+//! A Node.js client — @grpc/grpc-js, whose HTTP/2 is Node's nghttp2, another HTTP/2 stack
+//! beside grpc-go's, gRPC C-core's and tonic's h2 — loading `proto/` at run time, against kvd
+//! and, with the same expectations, against etcd: KV with etcd's errors, messages over HTTP/2's
+//! default windows, 200 calls at once on one connection, Watch, Lease and a Snapshot stream.
 //! The packages of `tests/clients/node/package-lock.json` are installed under target/.
 
 mod common;
