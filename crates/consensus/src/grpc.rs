@@ -692,8 +692,16 @@ async fn send_snapshot(
     data: PathBuf,
 ) -> Result<(), String> {
     let to = msg.to;
-    let url = urls.first().ok_or("no peer URL")?;
-    let mut client = connect(url).await?;
+    // The first of the peer's URLs that takes a connection (as the message stream goes round
+    // them): one that is down must not keep a lagging member from ever catching up.
+    let mut tried = Err(String::from("no peer URL"));
+    for url in urls {
+        tried = connect(url).await.map(|c| (url, c));
+        if tried.is_ok() {
+            break;
+        }
+    }
+    let (url, mut client) = tried?;
     let encoded = msg.write_to_bytes().map_err(|e| format!("encode: {e}"))?;
     let (tx, rx) = mpsc::channel::<SnapshotChunk>(4);
     let reader = tokio::task::spawn_blocking(move || -> io::Result<u64> {

@@ -65,6 +65,17 @@ impl Net {
         }
     }
 
+    /// Puts a URL where nothing listens before member `id`'s own.
+    fn dead_url_first(mut self, id: u64) -> Net {
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let m = self.members.iter_mut().find(|m| m.id == id).unwrap();
+        m.peer_urls.insert(0, format!("http://{dead}"));
+        self
+    }
+
     fn start(&mut self, id: u64, cluster: u64, tune: fn(&mut Config)) -> Running {
         let dir = self.dir.path().join(format!("m{id}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -108,7 +119,17 @@ fn tune(c: &mut Config) {
 
 #[test]
 fn a_cluster_over_grpc_replicates_and_sends_snapshots() {
-    let mut net = Net::new(&[1, 2, 3]);
+    member_3_catches_up_by_snapshot(Net::new(&[1, 2, 3]));
+}
+
+#[test]
+fn a_snapshot_reaches_a_member_through_its_second_url_when_the_first_is_down() {
+    member_3_catches_up_by_snapshot(Net::new(&[1, 2, 3]).dead_url_first(3));
+}
+
+/// Members 1 and 2 commit 600 entries while 3 is down, compacting their logs past it; 3 then
+/// starts and catches up by a snapshot, and all three hold the same log.
+fn member_3_catches_up_by_snapshot(mut net: Net) {
     let mut ms: BTreeMap<u64, Running> = BTreeMap::new();
     for id in [1, 2] {
         ms.insert(id, net.start(id, 7, tune));
