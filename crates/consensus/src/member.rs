@@ -99,40 +99,37 @@ impl Members {
     }
 }
 
-/// FNV-1a, 64 bits: a stable hash (unlike std's) for ids that must agree across processes and
-/// versions.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// The first 8 bytes of a SHA-1, big-endian: how etcd turns what names a member or a cluster
+/// into its id.
+fn sha1_id(parts: &[&[u8]]) -> u64 {
+    use sha1::Digest;
+    let mut h = sha1::Sha1::new();
     for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // A separator, so ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
+        h.update(p);
     }
-    h.max(1)
+    let d = h.finalize();
+    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 
 /// The id of a member with these peer URLs in the cluster named `token`
-/// (`--initial-cluster-token`). As etcd, a member added later also mixes in the time it was
-/// added (`added_at`, e.g. Unix nanoseconds), so re-adding the same URLs gives a new id.
+/// (`--initial-cluster-token`): etcd's, so the same flags give the same ids as etcd (the SHA-1
+/// of the sorted URLs joined, then the token). As etcd, a member added later also mixes in the
+/// time it was added (`added_at`, Unix nanoseconds here, seconds in etcd), so re-adding the
+/// same URLs gives a new id.
 pub fn member_id(peer_urls: &[String], token: &str, added_at: Option<u64>) -> u64 {
     let mut urls: Vec<&str> = peer_urls.iter().map(|s| s.as_str()).collect();
     urls.sort_unstable();
-    let joined = urls.join(",");
-    let time = added_at.map(|t| t.to_le_bytes()).unwrap_or_default();
-    let time: &[u8] = if added_at.is_some() { &time } else { &[] };
-    fnv1a(&[joined.as_bytes(), token.as_bytes(), time])
+    let time = added_at.map(|t| t.to_string()).unwrap_or_default();
+    sha1_id(&[urls.concat().as_bytes(), token.as_bytes(), time.as_bytes()])
 }
 
-/// The id of a cluster bootstrapped with these members.
-pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
+/// The id of a cluster bootstrapped with these members: etcd's (the SHA-1 of the sorted member
+/// ids, 8 bytes big-endian each). The token is already in every member id.
+pub fn cluster_id(member_ids: &[u64]) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
-    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-    fnv1a(&[&bytes, token.as_bytes()])
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_be_bytes()).collect();
+    sha1_id(&[&bytes])
 }
 
 /// Parses `--initial-cluster` (`name=url,name=url,…`; a name may repeat to give a member
@@ -233,7 +230,30 @@ mod tests {
         assert_eq!(member_id(&a, "t", None), member_id(&b, "t", None));
         assert_ne!(member_id(&a, "t", None), member_id(&a, "u", None));
         assert_ne!(member_id(&a, "t", None), member_id(&a, "t", Some(1)));
-        assert_eq!(cluster_id(&[1, 2], "t"), cluster_id(&[2, 1], "t"));
-        assert_ne!(cluster_id(&[1, 2], "t"), cluster_id(&[1, 3], "t"));
+        assert_eq!(cluster_id(&[1, 2]), cluster_id(&[2, 1]));
+        assert_ne!(cluster_id(&[1, 2]), cluster_id(&[1, 3]));
+    }
+
+    /// Ids etcd v3.6.5 gave (`etcdctl member list -w json`) to clusters started with these
+    /// `--initial-cluster` and `--initial-cluster-token` flags.
+    #[test]
+    fn ids_are_etcds() {
+        let url = |p: u16| vec![format!("http://127.0.0.1:{p}")];
+        let one = member_id(&url(23801), "etcd-cluster", None);
+        assert_eq!(one, 13668033151171901709);
+        assert_eq!(cluster_id(&[one]), 15118495548433857066);
+        let three: Vec<u64> = [23801, 23802, 23803]
+            .into_iter()
+            .map(|p| member_id(&url(p), "tok-3", None))
+            .collect();
+        assert_eq!(
+            three,
+            [
+                13641927914827662408,
+                7652125314392780625,
+                5100081602425780903
+            ]
+        );
+        assert_eq!(cluster_id(&three), 16423275000539813071);
     }
 }

@@ -99,7 +99,7 @@ pub struct ServeFlags {
     /// `new` to bootstrap a cluster, `existing` to join one (after `member add`).
     #[arg(long, env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
     pub initial_cluster_state: String,
-    /// Initial cluster token, mixed into the cluster and member ids.
+    /// Initial cluster token, mixed into the member ids (and so the cluster id), as etcd's.
     #[arg(
         long,
         env = "ETCD_INITIAL_CLUSTER_TOKEN",

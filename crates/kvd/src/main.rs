@@ -202,7 +202,7 @@ fn plan(f: &ServeFlags) -> Result<Plan> {
                     ));
                 }
                 let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
-                let cluster_id = consensus::cluster_id(&ids, token);
+                let cluster_id = consensus::cluster_id(&ids);
                 // Every member bootstraps the same list; each publishes its name and client
                 // URLs through raft once started, as etcd's do.
                 let id = me.id;

@@ -232,6 +232,34 @@ fn etcdctl_prints_against_kvd_what_it_prints_against_etcd() {
 }
 
 #[test]
+fn the_same_flags_give_the_same_member_and_cluster_ids_as_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Addrs::new("default");
+    let ids = |p: &mut Proc| {
+        p.wait_ready();
+        let ep = m.endpoint();
+        let id = |field| common::status_number(&ep, field);
+        (id("cluster_id"), id("member_id"))
+    };
+    // One after the other, on the same URLs (ids derive from the peer URLs and the token).
+    let mut etcd = Proc::etcd(&m, &dir.path().join("etcd"), std::slice::from_ref(&m), &[]);
+    let want = ids(&mut etcd);
+    drop(etcd);
+    let mut kvd = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &[],
+    );
+    assert_eq!(
+        ids(&mut kvd),
+        want,
+        "(cluster id, member id): kvd's, etcd's"
+    );
+}
+
+#[test]
 fn watch_sees_new_events_with_prev_kv_from_a_revision() {
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
