@@ -100,7 +100,7 @@ impl Members {
 }
 
 /// The first 8 bytes of a SHA-1, big-endian: how etcd turns what names a member or a cluster
-/// into its id.
+/// into its id (never 0, raft's "no member", which etcd would give once in 2^64).
 fn sha1_id(parts: &[&[u8]]) -> u64 {
     use sha1::Digest;
     let mut h = sha1::Sha1::new();
@@ -108,7 +108,7 @@ fn sha1_id(parts: &[&[u8]]) -> u64 {
         h.update(p);
     }
     let d = h.finalize();
-    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]).max(1)
 }
 
 /// The id of a member with these peer URLs in the cluster named `token`
