@@ -182,10 +182,8 @@ fn watch_history(endpoint: &str) -> String {
 #[test]
 fn etcdctl_prints_against_kvd_what_it_prints_against_etcd() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Addrs::new("default");
     let (k, mut kvd) = Proc::single_kvd(dir.path());
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, etcd) = Proc::single_etcd(dir.path());
 
     let want = run_script(&e.endpoint());
     let got = run_script(&k.endpoint());
@@ -420,10 +418,8 @@ fn lock_and_elect(endpoint: &str) -> String {
 #[test]
 fn etcdctl_lock_and_elect_print_against_kvd_what_they_print_against_etcd() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Addrs::new("default");
     let (k, _kvd) = Proc::single_kvd(dir.path());
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, _etcd) = Proc::single_etcd(dir.path());
     let want = lock_and_elect(&e.endpoint());
     let got = lock_and_elect(&k.endpoint());
     assert_eq!(got, want, "kvd:\n{got}\netcd:\n{want}");

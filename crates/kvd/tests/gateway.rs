@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Addrs, Proc};
+use common::Proc;
 use serde_json::Value;
 
 /// An HTTP/1.1 request; (status, body). A streamed answer is read for `stream_for` and its
@@ -230,10 +230,8 @@ fn run(url: &str) -> Vec<String> {
 #[test]
 fn the_json_gateway_answers_as_etcds() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Addrs::new("default");
     let (k, _kvd) = Proc::single_kvd(dir.path());
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, _etcd) = Proc::single_etcd(dir.path());
     let want = run(&e.client);
     let got = run(&k.client);
     common::assert_same_answers(&want, &got);

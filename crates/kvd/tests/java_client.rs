@@ -8,15 +8,13 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{run, Addrs, Proc};
+use common::{run, Proc};
 
 #[test]
 fn jetcd_works_against_kvd_as_against_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
-    let e = Addrs::new("etcd");
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, _etcd) = Proc::single_etcd(dir.path());
 
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let build = tmp.join("java-client");

@@ -19,7 +19,7 @@ use api::v3electionpb::{
 use api::v3lockpb::lock_client::LockClient;
 use api::v3lockpb::{LockRequest, UnlockRequest};
 use common::grpc::channel;
-use common::{Addrs, Proc};
+use common::Proc;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -354,10 +354,8 @@ async fn scenario(url: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_and_election_answer_as_etcds() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Addrs::new("default");
     let (k, _kvd) = Proc::single_kvd(dir.path());
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, _etcd) = Proc::single_etcd(dir.path());
 
     let want = scenario(&e.client).await;
     let got = scenario(&k.client).await;

@@ -57,8 +57,6 @@ fn a_node_grpc_js_client_works_against_kvd_as_against_etcd() {
     let (m, _kvd) = Proc::single_kvd(dir.path());
     client_against(&m, "kvd");
 
-    let e = Addrs::new("etcd");
-    let mut etcd = Proc::etcd(&e, &dir.path().join("etcd"), std::slice::from_ref(&e), &[]);
-    etcd.wait_ready();
+    let (e, _etcd) = Proc::single_etcd(dir.path());
     client_against(&e, "etcd");
 }

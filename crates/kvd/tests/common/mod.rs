@@ -173,6 +173,14 @@ impl Proc {
         Proc::start(&tools().join("etcd"), m, dir, all, "new", extra)
     }
 
+    /// A one-member etcd cluster named `default` in `dir/etcd`, ready: what kvd is compared with.
+    pub fn single_etcd(dir: &Path) -> (Addrs, Proc) {
+        let m = Addrs::new("default");
+        let mut p = Proc::etcd(&m, &dir.join("etcd"), std::slice::from_ref(&m), &[]);
+        p.wait_ready();
+        (m, p)
+    }
+
     /// SIGKILL now.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
