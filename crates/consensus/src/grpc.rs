@@ -29,18 +29,19 @@ use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::dial::Dialer;
 use crate::member::Members;
 use crate::node::Inbox;
 use crate::transport::{Reporter, SnapshotDone, Transport};
 
 /// Asks the member at `peer_url` for the cluster's id and members (what a joining member
 /// needs to learn its own id).
-pub async fn fetch_members(peer_url: &str) -> Result<(u64, Members), String> {
-    let ep = tonic::transport::Endpoint::from_shared(peer_url.to_string())
-        .map_err(|e| format!("{peer_url}: {e}"))?
-        .connect_timeout(OPEN_TIMEOUT)
-        .timeout(OPEN_TIMEOUT);
-    let ch = ep.connect().await.map_err(|e| format!("{peer_url}: {e}"))?;
+pub async fn fetch_members(dialer: &Dialer, peer_url: &str) -> Result<(u64, Members), String> {
+    let ch = dialer
+        .connect(peer_url, |e| {
+            e.connect_timeout(OPEN_TIMEOUT).timeout(OPEN_TIMEOUT)
+        })
+        .await?;
     let reply = PeerClient::new(ch)
         .members(MembersRequest {})
         .await
@@ -396,6 +397,7 @@ type Active = Arc<Mutex<HashMap<u64, std::time::Instant>>>;
 #[derive(Debug)]
 pub struct GrpcTransport {
     ident: Ident,
+    dialer: Dialer,
     rt: Handle,
     reporter: Option<Reporter>,
     peers: HashMap<u64, PeerLink>,
@@ -404,13 +406,15 @@ pub struct GrpcTransport {
 }
 
 impl GrpcTransport {
-    /// A transport for member `id` of `cluster_id`, running its tasks on `rt`.
-    pub fn new(cluster_id: u64, id: u64, rt: Handle) -> Self {
+    /// A transport for member `id` of `cluster_id`, dialing its peers with `dialer` and
+    /// running its tasks on `rt`.
+    pub fn new(cluster_id: u64, id: u64, dialer: Dialer, rt: Handle) -> Self {
         GrpcTransport {
             ident: Ident {
                 cluster: cluster_id,
                 me: id,
             },
+            dialer,
             rt,
             reporter: None,
             peers: HashMap::new(),
@@ -454,10 +458,11 @@ impl Transport for GrpcTransport {
         };
         let urls = p.urls.clone();
         let ident = self.ident;
+        let dialer = self.dialer.clone();
         let errors = self.errors.clone();
         self.rt.spawn(async move {
             let to = msg.to;
-            match send_snapshot(ident, &urls, msg, data).await {
+            match send_snapshot(ident, &dialer, &urls, msg, data).await {
                 Ok(()) => done.finish(true),
                 Err(e) => {
                     tracing::warn!(peer = %format!("{to:x}"), "snapshot not delivered: {e}");
@@ -484,7 +489,7 @@ impl Transport for GrpcTransport {
             }
             let (tx, rx) = mpsc::channel(QUEUE);
             let task = self.rt.spawn(run_peer(
-                self.ident,
+                (self.ident, self.dialer.clone()),
                 m.id,
                 m.peer_urls.clone(),
                 rx,
@@ -504,17 +509,17 @@ impl Transport for GrpcTransport {
     }
 }
 
-async fn connect(url: &str) -> Result<PeerClient<tonic::transport::Channel>, String> {
-    let ep = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad peer URL {url}: {e}"))?
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5));
-    let ch = ep
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+async fn connect(
+    dialer: &Dialer,
+    url: &str,
+) -> Result<PeerClient<tonic::transport::Channel>, String> {
+    let ch = dialer
+        .connect(url, |e| {
+            e.connect_timeout(Duration::from_secs(1))
+                .http2_keep_alive_interval(Duration::from_secs(5))
+                .keep_alive_timeout(Duration::from_secs(5))
+        })
+        .await?;
     Ok(PeerClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE))
@@ -537,7 +542,7 @@ fn refused(url: &str, s: Status) -> String {
 
 /// One peer's sender: connect, stream batches, reconnect with backoff.
 async fn run_peer(
-    ident: Ident,
+    (ident, dialer): (Ident, Dialer),
     to: u64,
     urls: Vec<String>,
     mut rx: mpsc::Receiver<Message>,
@@ -550,7 +555,7 @@ async fn run_peer(
     loop {
         let url = &urls[attempt % urls.len()];
         attempt += 1;
-        match stream_to(ident, to, url, &mut rx, &errors, &active).await {
+        match stream_to(ident, &dialer, to, url, &mut rx, &errors, &active).await {
             Ok(()) => return, // the node dropped this peer
             Err(e) if e.contains(REMOVED) => {
                 tracing::warn!(peer = %format!("{to:x}"), "{e}");
@@ -574,6 +579,7 @@ async fn run_peer(
 
 async fn stream_to(
     ident: Ident,
+    dialer: &Dialer,
     to: u64,
     url: &str,
     rx: &mut mpsc::Receiver<Message>,
@@ -582,7 +588,7 @@ async fn stream_to(
 ) -> Result<(), String> {
     // A peer that accepts connections but never answers must not hold the link forever.
     let open = async {
-        let mut client = connect(url).await?;
+        let mut client = connect(dialer, url).await?;
         let (btx, brx) = mpsc::channel::<Batch>(16);
         let req = request(ReceiverStream::new(brx), ident.cluster, ident.me, to);
         let mut resp = client
@@ -605,7 +611,12 @@ async fn stream_to(
     active.lock().insert(to, since);
     let _up = Up { active, to, since };
     let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
-    let _prober = Prober(tokio::spawn(probe(ident, to, url.to_string())));
+    let _prober = Prober(tokio::spawn(probe(
+        ident,
+        dialer.clone(),
+        to,
+        url.to_string(),
+    )));
     loop {
         tokio::select! {
             m = rx.recv() => {
@@ -665,7 +676,7 @@ impl Drop for Prober {
 
 /// etcd's peer prober: every few seconds, the round trip of a small request on a connection of
 /// its own, into `etcd_network_peer_round_trip_time_seconds`.
-async fn probe(ident: Ident, to: u64, url: String) {
+async fn probe(ident: Ident, dialer: Dialer, to: u64, url: String) {
     let rtt = crate::metrics::PEER_RTT.with_label_values(&[&crate::metrics::peer(to)]);
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -673,7 +684,7 @@ async fn probe(ident: Ident, to: u64, url: String) {
     loop {
         tick.tick().await;
         if client.is_none() {
-            client = connect(&url).await.ok();
+            client = connect(&dialer, &url).await.ok();
         }
         let Some(c) = client.as_mut() else { continue };
         let t = std::time::Instant::now();
@@ -687,6 +698,7 @@ async fn probe(ident: Ident, to: u64, url: String) {
 
 async fn send_snapshot(
     ident: Ident,
+    dialer: &Dialer,
     urls: &[String],
     msg: Message,
     data: PathBuf,
@@ -696,7 +708,7 @@ async fn send_snapshot(
     // them): one that is down must not keep a lagging member from ever catching up.
     let mut tried = Err(String::from("no peer URL"));
     for url in urls {
-        tried = connect(url).await.map(|c| (url, c));
+        tried = connect(dialer, url).await.map(|c| (url, c));
         if tried.is_ok() {
             break;
         }

@@ -4,6 +4,7 @@
 
 mod apply;
 mod codec;
+pub mod dial;
 mod driver;
 pub mod grpc;
 mod log;
@@ -16,6 +17,7 @@ pub mod transport;
 pub mod wal;
 
 pub use codec::Malformed;
+pub use dial::Dialer;
 pub use driver::existing_member;
 pub use member::{cluster_id, member_id, parse_initial_cluster, Member, Members};
 pub use node::{

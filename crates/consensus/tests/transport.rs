@@ -83,7 +83,12 @@ impl Net {
         let state = sm.state.clone();
         let mut cfg = Config::new(id, cluster, &dir);
         tune(&mut cfg);
-        let t = GrpcTransport::new(cluster, id, self.rt.handle().clone());
+        let t = GrpcTransport::new(
+            cluster,
+            id,
+            consensus::Dialer::plain(),
+            self.rt.handle().clone(),
+        );
         let errors = t.errors();
         let node = RaftNode::start(cfg, Start::NewCluster(self.members.clone()), sm, t).unwrap();
         let svc = PeerService::new(cluster, id, node.inbox()).into_server();

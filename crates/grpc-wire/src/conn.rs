@@ -66,6 +66,8 @@ enum Kind {
         method: usize,
         body: Vec<u8>,
         timeout: Option<Duration>,
+        /// The request's metadata, handed to the call.
+        headers: Vec<(Bytes, Bytes)>,
     },
     /// A unary call under way (its cancel handle) or answered.
     Called(Option<Arc<Cancel>>),
@@ -180,6 +182,8 @@ pub(crate) struct Conn<T, S> {
     cfg: Arc<Config>,
     unary: Arc<dyn Unary>,
     svc: S,
+    /// Given to every call: inserted into bridged requests, lent to unary ones.
+    extensions: http::Extensions,
     rbuf: Vec<u8>,
     rpos: usize,
     rlen: usize,
@@ -224,20 +228,22 @@ pub(crate) struct Conn<T, S> {
 
 /// Serves one HTTP/2 connection until the peer closes it, a protocol error, or `shutdown`
 /// completes and every stream under way has finished. `first` holds bytes already read
-/// from `io` (the preface, as [`crate::sniff`] leaves it).
+/// from `io` (the preface, as [`crate::sniff`] leaves it); `extensions` go with every call
+/// (what the server knows of the connection, such as its client's certificate).
 pub async fn serve<T, S>(
     io: T,
     first: &[u8],
     cfg: Arc<Config>,
     unary: Arc<dyn Unary>,
     svc: S,
+    extensions: http::Extensions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error>
 where
     T: AsyncRead + AsyncWrite + Unpin,
     S: Fallback,
 {
-    let mut conn = Conn::new(io, first, cfg, unary, svc);
+    let mut conn = Conn::new(io, first, cfg, unary, svc, extensions);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shut = false;
     std::future::poll_fn(|cx| {
@@ -266,7 +272,14 @@ where
     T: AsyncRead + AsyncWrite + Unpin,
     S: Fallback,
 {
-    fn new(io: T, first: &[u8], cfg: Arc<Config>, unary: Arc<dyn Unary>, svc: S) -> Self {
+    fn new(
+        io: T,
+        first: &[u8],
+        cfg: Arc<Config>,
+        unary: Arc<dyn Unary>,
+        svc: S,
+        extensions: http::Extensions,
+    ) -> Self {
         let mut rbuf = vec![0; READ_CHUNK.max(first.len())];
         rbuf[..first.len()].copy_from_slice(first);
         let mut out = Vec::with_capacity(16 * 1024);
@@ -303,6 +316,7 @@ where
             io,
             unary,
             svc,
+            extensions,
             rbuf,
             rpos: 0,
             rlen: first.len(),

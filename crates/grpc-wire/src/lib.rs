@@ -18,7 +18,8 @@
 //! #     svc: axum::Router,
 //! # ) -> Result<(), grpc_wire::Error> {
 //! let cfg = std::sync::Arc::new(grpc_wire::Config::default());
-//! grpc_wire::serve(sock, b"", cfg, unary, svc, std::future::pending()).await
+//! let conn = http::Extensions::new();
+//! grpc_wire::serve(sock, b"", cfg, unary, svc, conn, std::future::pending()).await
 //! # }
 //! ```
 
@@ -51,8 +52,40 @@ pub trait Unary: std::fmt::Debug + Send + Sync + 'static {
     /// the call to the tower service.
     fn route(&self, path: &[u8]) -> Option<usize>;
 
-    /// Calls method `id` with the request message (the payload without gRPC's prefix).
-    fn call(&self, id: usize, msg: Bytes) -> UnaryFuture;
+    /// Calls method `id` with the request message (the payload without gRPC's prefix) and
+    /// what came with it (its metadata, the connection's extensions).
+    fn call(&self, id: usize, msg: Bytes, head: CallHead<'_>) -> UnaryFuture;
+}
+
+/// A unary call's request metadata and its connection's extensions (what [`serve`] was
+/// given: the client's TLS identity, say), as a bridged request has them in its
+/// `http::Request`.
+#[derive(Debug, Clone, Copy)]
+pub struct CallHead<'a> {
+    headers: &'a [(Bytes, Bytes)],
+    extensions: &'a http::Extensions,
+}
+
+impl<'a> CallHead<'a> {
+    pub fn new(headers: &'a [(Bytes, Bytes)], extensions: &'a http::Extensions) -> Self {
+        CallHead {
+            headers,
+            extensions,
+        }
+    }
+
+    /// The first value of metadata `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.as_ref() == name.as_bytes())
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// The connection's extensions.
+    pub fn extensions(&self) -> &'a http::Extensions {
+        self.extensions
+    }
 }
 
 /// The response body of the tower service calls are bridged to.

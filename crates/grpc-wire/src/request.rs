@@ -137,6 +137,11 @@ impl Fields {
         self.grpc && !self.encoded && self.method.as_deref() == Some(b"POST")
     }
 
+    /// The regular fields, as they came.
+    pub(crate) fn into_regular(self) -> Vec<(Bytes, Bytes)> {
+        self.regular
+    }
+
     /// The regular fields as a header map (trailers, or a request's headers).
     pub(crate) fn into_header_map(self) -> Result<HeaderMap, &'static str> {
         let mut h = HeaderMap::with_capacity(self.regular.len());

@@ -61,7 +61,12 @@ impl grpc_wire::Unary for TestCalls {
         }
     }
 
-    fn call(&self, id: usize, msg: Bytes) -> grpc_wire::UnaryFuture {
+    fn call(
+        &self,
+        id: usize,
+        msg: Bytes,
+        _head: grpc_wire::CallHead<'_>,
+    ) -> grpc_wire::UnaryFuture {
         let guard = Guard::new(&self.alive);
         Box::pin(async move {
             let _guard = guard;
@@ -237,7 +242,16 @@ async fn server() -> Server {
                 let stopped = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
-                let r = grpc_wire::serve(sock, &first, cfg, unary, routes, stopped).await;
+                let r = grpc_wire::serve(
+                    sock,
+                    &first,
+                    cfg,
+                    unary,
+                    routes,
+                    Default::default(),
+                    stopped,
+                )
+                .await;
                 let _ = ended_tx.send(r);
             });
         }

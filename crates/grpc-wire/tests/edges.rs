@@ -117,7 +117,12 @@ impl grpc_wire::Unary for YieldsOnce {
         (path == b"/t.S/Echo").then_some(0)
     }
 
-    fn call(&self, _: usize, msg: bytes::Bytes) -> grpc_wire::UnaryFuture {
+    fn call(
+        &self,
+        _: usize,
+        msg: bytes::Bytes,
+        _: grpc_wire::CallHead<'_>,
+    ) -> grpc_wire::UnaryFuture {
         let mut yielded = false;
         let mut msg = Some(msg);
         Box::pin(std::future::poll_fn(move |cx| {
@@ -192,6 +197,7 @@ async fn a_call_that_yields_once_is_answered_in_the_write_of_its_pings_ack_ahead
         Arc::new(grpc_wire::Config::default()),
         Arc::new(YieldsOnce),
         common::Drain,
+        Default::default(),
         std::future::pending(),
     ));
     c.write_all(&common::preface()).await.unwrap();

@@ -98,7 +98,12 @@ impl grpc_wire::Unary for Noop {
         }
     }
 
-    fn call(&self, id: usize, msg: Bytes) -> grpc_wire::UnaryFuture {
+    fn call(
+        &self,
+        id: usize,
+        msg: Bytes,
+        _head: grpc_wire::CallHead<'_>,
+    ) -> grpc_wire::UnaryFuture {
         // Decoded as a real server would, then dropped.
         let out = if id == 0 {
             drop(RangeRequest::decode(msg));
@@ -167,7 +172,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 if let Ok((grpc_wire::Protocol::Http2, first)) = grpc_wire::sniff(&mut sock).await {
                     let never = std::future::pending();
-                    let _ = grpc_wire::serve(sock, &first, cfg, unary, Unimplemented, never).await;
+                    let _ = grpc_wire::serve(
+                        sock,
+                        &first,
+                        cfg,
+                        unary,
+                        Unimplemented,
+                        Default::default(),
+                        never,
+                    )
+                    .await;
                 }
             });
         }

@@ -1,10 +1,13 @@
 //! The client port: gRPC (HTTP/2) and the JSON gateway, `/health`, `/metrics`… (HTTP/1.1) on
-//! one listener, as etcd serves them.
+//! one listener, in the clear or over TLS, as etcd serves them.
 //!
-//! A connection's first bytes tell which: HTTP/2's preface goes to `grpc-wire`, which answers
-//! etcd's KV calls itself and hands every other stream to the router; anything else is
-//! HTTP/1.1, served by hyper with the same router.
+//! Over TLS, ALPN tells HTTP/2 (`h2`) from HTTP/1.1; in the clear (or with no ALPN), a
+//! connection's first bytes do. HTTP/2 goes to `grpc-wire`, which answers etcd's KV calls
+//! itself and hands every other stream to the router; HTTP/1.1 is served by hyper with the
+//! same router. A verified client certificate's CN travels with every request of its
+//! connection ([`rpc::ClientCert`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use grpc_wire::Protocol;
@@ -12,16 +15,63 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::listen::{self, Stream};
+
+/// What a listener serves (etcd splits gRPC from HTTP with `--listen-client-http-urls`, and
+/// serves metrics alone on `--listen-metrics-urls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    Both,
+    Grpc,
+    Http,
+    Metrics,
+}
+
+/// One listener's configuration.
+#[derive(Clone)]
+pub struct Mode {
+    pub traffic: Traffic,
+    /// TLS, when some of the listener's URLs are `https://`.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Some of its URLs are `http://` (with TLS too: the first byte decides).
+    pub plain: bool,
+}
+
+/// The routers and calls a listener chooses from.
+#[derive(Debug, Clone)]
+pub struct Port {
+    pub client: rpc::ClientPort,
+    pub metrics: axum::Router,
+}
+
+impl Port {
+    fn router(&self, t: Traffic) -> axum::Router {
+        match t {
+            Traffic::Both => self.client.router.clone(),
+            Traffic::Grpc => self.client.grpc_router.clone(),
+            Traffic::Http => self.client.http_router.clone(),
+            Traffic::Metrics => self.metrics.clone(),
+        }
+    }
+
+    fn unary(&self, t: Traffic) -> Arc<dyn grpc_wire::Unary> {
+        match t {
+            Traffic::Both | Traffic::Grpc => self.client.unary.clone(),
+            Traffic::Http | Traffic::Metrics => Arc::new(listen::Refuse(None)),
+        }
+    }
+}
+
 /// Accepts connections on `l` until `stop` turns true, then waits for those under way to
 /// finish (each is told to stop taking requests).
-pub async fn serve(l: TcpListener, port: rpc::ClientPort, stop: watch::Receiver<bool>) {
+pub async fn serve(l: TcpListener, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     let mut stopping = std::pin::pin!(stopped(stop.clone()));
     loop {
         tokio::select! {
             r = l.accept() => match r {
                 Ok((sock, _)) => {
-                    conns.spawn(connection(sock, port.clone(), stop.clone()));
+                    conns.spawn(connection(sock, port.clone(), mode.clone(), stop.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors, or a connection reset before it was accepted: go
@@ -43,31 +93,92 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn connection(mut sock: TcpStream, port: rpc::ClientPort, stop: watch::Receiver<bool>) {
+async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
     // Small responses must not wait for Nagle's algorithm (a ~40 ms stall otherwise), as in
     // etcd (Go's default).
     if let Err(e) = sock.set_nodelay(true) {
         tracing::debug!("TCP_NODELAY: {e}");
     }
-    let (proto, first) = match grpc_wire::sniff(&mut sock).await {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::debug!("client connection: {e}");
-            return;
+    let peer = sock.peer_addr().ok();
+    let stream = match &mode.tls {
+        None => match listen::starts_tls(&sock).await {
+            Ok(false) => Stream::Plain(sock),
+            Ok(true) => return listen::refuse_tls(sock, "client").await,
+            Err(e) => {
+                tracing::debug!("client connection: {e}");
+                return;
+            }
+        },
+        Some(acceptor) => {
+            let tls = match listen::starts_tls(&sock).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::debug!("client connection: {e}");
+                    return;
+                }
+            };
+            if !tls && mode.plain {
+                Stream::Plain(sock)
+            } else if !tls {
+                listen::refuse_plaintext(sock, "client").await;
+                return;
+            } else {
+                match listen::handshake(acceptor, sock).await {
+                    Ok(s) => Stream::Tls(Box::new(s)),
+                    Err(e) => {
+                        // A client with a certificate of another CA, revoked, or none: the
+                        // client is told by the TLS alert; this is only worth a debug line.
+                        tracing::debug!(client = ?peer, "client TLS handshake failed: {e}");
+                        return;
+                    }
+                }
+            }
         }
+    };
+    let mut ext = http::Extensions::new();
+    if let Some(cn) = listen::peer_certificates(&stream)
+        .and_then(|c| c.first())
+        .and_then(crate::tls::common_name)
+    {
+        ext.insert(rpc::ClientCert { common_name: cn });
+    }
+    let proto = match listen::alpn(&stream) {
+        Some(b"h2") => Some((Protocol::Http2, Vec::new())),
+        Some(b"http/1.1") => Some((Protocol::Http1, Vec::new())),
+        _ => None,
+    };
+    let mut stream = stream;
+    let (proto, first) = match proto {
+        Some(p) => p,
+        None => match grpc_wire::sniff(&mut stream).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!("client connection: {e}");
+                return;
+            }
+        },
     };
     let r = match proto {
         Protocol::Http2 => grpc_wire::serve(
-            sock,
+            stream,
             &first,
-            port.config,
-            port.unary,
-            port.router,
+            port.client.config.clone(),
+            port.unary(mode.traffic),
+            port.router(mode.traffic),
+            ext,
             stopped(stop),
         )
         .await
         .map_err(|e| e.to_string()),
-        Protocol::Http1 => http1(grpc_wire::Rewind::new(first, sock), port.router, stop).await,
+        // The JSON gateway takes its user from a token only (etcd ignores the CN there).
+        Protocol::Http1 => {
+            http1(
+                grpc_wire::Rewind::new(first, stream),
+                port.router(mode.traffic),
+                stop,
+            )
+            .await
+        }
     };
     if let Err(e) = r {
         tracing::debug!("client connection ended: {e}");
@@ -75,7 +186,7 @@ async fn connection(mut sock: TcpStream, port: rpc::ClientPort, stop: watch::Rec
 }
 
 async fn http1(
-    io: grpc_wire::Rewind<TcpStream>,
+    io: grpc_wire::Rewind<Stream>,
     router: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {

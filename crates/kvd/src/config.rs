@@ -186,6 +186,134 @@ pub struct ServeFlags {
     /// Streams a client may have open on one connection.
     #[arg(long, env = "ETCD_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
     pub max_concurrent_streams: u32,
+    /// URLs to listen on for HTTP-only client traffic (the JSON gateway, `/health`,
+    /// `/metrics`…); given, `--listen-client-urls` serve gRPC only.
+    #[arg(long, env = "ETCD_LISTEN_CLIENT_HTTP_URLS", default_value = "")]
+    pub listen_client_http_urls: String,
+    /// URLs to serve `/metrics` and the health endpoints on as well.
+    #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
+    pub listen_metrics_urls: String,
+    /// Path to the client server TLS cert file.
+    #[arg(long, env = "ETCD_CERT_FILE", default_value = "")]
+    pub cert_file: String,
+    /// Path to the client server TLS key file.
+    #[arg(long, env = "ETCD_KEY_FILE", default_value = "")]
+    pub key_file: String,
+    /// Path to the certificate this member presents when it connects to a client URL
+    /// (default: --cert-file).
+    #[arg(long, env = "ETCD_CLIENT_CERT_FILE", default_value = "")]
+    pub client_cert_file: String,
+    /// Path to the key of --client-cert-file.
+    #[arg(long, env = "ETCD_CLIENT_KEY_FILE", default_value = "")]
+    pub client_key_file: String,
+    /// Enable client cert authentication (a client's certificate CN is its user name when
+    /// auth is on and no token is given).
+    #[arg(
+        long,
+        env = "ETCD_CLIENT_CERT_AUTH",
+        default_value = "false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub client_cert_auth: bool,
+    /// Path to the client server TLS trusted CA cert file.
+    #[arg(long, env = "ETCD_TRUSTED_CA_FILE", default_value = "")]
+    pub trusted_ca_file: String,
+    /// Path to the client certificate revocation list file.
+    #[arg(long, env = "ETCD_CLIENT_CRL_FILE", default_value = "")]
+    pub client_crl_file: String,
+    /// Comma-separated list of allowed SAN hostnames for client cert authentication.
+    #[arg(long, env = "ETCD_CLIENT_CERT_ALLOWED_HOSTNAME", default_value = "")]
+    pub client_cert_allowed_hostname: String,
+    /// Client TLS using generated certificates.
+    #[arg(
+        long,
+        env = "ETCD_AUTO_TLS",
+        default_value = "false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub auto_tls: bool,
+    /// Path to the peer server TLS cert file.
+    #[arg(long, env = "ETCD_PEER_CERT_FILE", default_value = "")]
+    pub peer_cert_file: String,
+    /// Path to the peer server TLS key file.
+    #[arg(long, env = "ETCD_PEER_KEY_FILE", default_value = "")]
+    pub peer_key_file: String,
+    /// Path to the certificate this member presents to its peers (default: --peer-cert-file).
+    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_FILE", default_value = "")]
+    pub peer_client_cert_file: String,
+    /// Path to the key of --peer-client-cert-file.
+    #[arg(long, env = "ETCD_PEER_CLIENT_KEY_FILE", default_value = "")]
+    pub peer_client_key_file: String,
+    /// Enable peer client cert authentication.
+    #[arg(
+        long,
+        env = "ETCD_PEER_CLIENT_CERT_AUTH",
+        default_value = "false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub peer_client_cert_auth: bool,
+    /// Path to the peer server TLS trusted CA file.
+    #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE", default_value = "")]
+    pub peer_trusted_ca_file: String,
+    /// Peer TLS using generated certificates.
+    #[arg(
+        long,
+        env = "ETCD_PEER_AUTO_TLS",
+        default_value = "false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub peer_auto_tls: bool,
+    /// Path to the peer certificate revocation list file.
+    #[arg(long, env = "ETCD_PEER_CRL_FILE", default_value = "")]
+    pub peer_crl_file: String,
+    /// Comma-separated list of allowed CNs for inter-peer TLS authentication.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN", default_value = "")]
+    pub peer_cert_allowed_cn: String,
+    /// Comma-separated list of allowed SAN hostnames for inter-peer TLS authentication.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME", default_value = "")]
+    pub peer_cert_allowed_hostname: String,
+    /// Skip verification of SAN field in client certificate for peer connections.
+    #[arg(
+        long,
+        alias = "experimental-peer-skip-client-san-verification",
+        env = "ETCD_PEER_SKIP_CLIENT_SAN_VERIFICATION",
+        default_value = "false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub peer_skip_client_san_verification: bool,
+    /// The validity period of the client and peer certificates --auto-tls and
+    /// --peer-auto-tls generate, in years.
+    #[arg(long, env = "ETCD_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
+    pub self_signed_cert_validity: u32,
+    /// Comma-separated list of TLS 1.2 cipher suites allowed on both ports (Go's names).
+    #[arg(long, env = "ETCD_CIPHER_SUITES", default_value = "")]
+    pub cipher_suites: String,
+    /// Minimum TLS version: TLS1.2 or TLS1.3.
+    #[arg(long, env = "ETCD_TLS_MIN_VERSION", default_value = "TLS1.2")]
+    pub tls_min_version: String,
+    /// Maximum TLS version: TLS1.2 or TLS1.3 (empty: the newest).
+    #[arg(long, env = "ETCD_TLS_MAX_VERSION", default_value = "")]
+    pub tls_max_version: String,
+    /// Auth tokens: `simple`, `jwt,pub-key=<file>,priv-key=<file>,sign-method=<alg>,ttl=<d>`,
+    /// or "" for none.
+    #[arg(long, env = "ETCD_AUTH_TOKEN", default_value = "simple")]
+    pub auth_token: String,
+    /// The lifetime in seconds of an unused simple token.
+    #[arg(long, env = "ETCD_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    /// bcrypt's cost factor for password hashes (4-31).
+    #[arg(long, env = "ETCD_BCRYPT_COST", default_value_t = 10)]
+    pub bcrypt_cost: u32,
     /// kvd's: how often the leader checkpoints leases (etcd's fixed interval is 5 minutes).
     #[arg(long, env = "KVD_LEASE_CHECKPOINT_INTERVAL", default_value = "5m")]
     pub lease_checkpoint_interval: String,
@@ -202,16 +330,6 @@ pub struct ServeFlags {
 
 /// etcd flags kvd knows of and does not support yet, with why; refused with that reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("cert-file", "client TLS is not supported yet"),
-    ("key-file", "client TLS is not supported yet"),
-    ("client-cert-auth", "client TLS is not supported yet"),
-    ("trusted-ca-file", "client TLS is not supported yet"),
-    ("auto-tls", "TLS is not supported yet"),
-    ("peer-cert-file", "peer TLS is not supported yet"),
-    ("peer-key-file", "peer TLS is not supported yet"),
-    ("peer-client-cert-auth", "peer TLS is not supported yet"),
-    ("peer-trusted-ca-file", "peer TLS is not supported yet"),
-    ("peer-auto-tls", "peer TLS is not supported yet"),
     (
         "discovery",
         "discovery is not supported; use --initial-cluster",
@@ -224,12 +342,7 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "discovery-endpoints",
         "discovery is not supported; use --initial-cluster",
     ),
-    (
-        "listen-metrics-urls",
-        "metrics are served on the client URLs only",
-    ),
     ("enable-v2", "the v2 API is gone from etcd 3.6 as well"),
-    ("auth-token", "authentication is not supported yet"),
     ("enable-pprof", "pprof is a Go runtime facility"),
     ("unsafe-no-fsync", "kvd does not run without fsync"),
     ("force-new-cluster", "not supported yet"),
@@ -277,7 +390,7 @@ mod tests {
             normalize_args(args).unwrap(),
             ["kvd", "--name", "a", "--data-dir=x", "-v"]
         );
-        let err = normalize_args(["kvd", "--cert-file", "c"].map(String::from)).unwrap_err();
-        assert!(err.contains("--cert-file") && err.contains("TLS"), "{err}");
+        let err = normalize_args(["kvd", "--wal-dir", "w"].map(String::from)).unwrap_err();
+        assert!(err.contains("--wal-dir") && err.contains("WAL"), "{err}");
     }
 }

@@ -7,68 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{ctl, ctl_input, ctl_ok, tools, Addrs, Proc};
-
-/// Replaces what differs between two servers by design: member, cluster and lease ids, the
-/// endpoint, raft terms and clocks.
-fn normalize(s: &str, endpoint: &str) -> String {
-    let s = s.replace(endpoint, "<endpoint>");
-    let mut out = String::new();
-    let mut token = String::new();
-    let flush = |token: &mut String, out: &mut String| {
-        // Ids print as 16 hex digits (or as 19-20 decimal ones in JSON); a hash as decimal.
-        let hexish = token.len() >= 12
-            && token.chars().all(|c| c.is_ascii_hexdigit())
-            && (token.len() >= 15 || token.chars().any(|c| c.is_ascii_alphabetic()));
-        let id_number = token.len() >= 15 && token.chars().all(|c| c.is_ascii_digit());
-        if hexish || id_number {
-            out.push_str("<id>");
-        } else {
-            out.push_str(token);
-        }
-        token.clear();
-    };
-    for c in s.chars() {
-        if c.is_ascii_alphanumeric() {
-            token.push(c);
-        } else {
-            flush(&mut token, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut token, &mut out);
-    // A lease's remaining TTL depends on when it is asked; raft terms on elections.
-    let mut lines = Vec::new();
-    for l in out.lines() {
-        // The client's retry warnings carry a clock and a pointer: keep their error only.
-        if l.starts_with("{\"level\":\"warn\"") {
-            let err = l.split("\"error\":").nth(1).unwrap_or_default();
-            lines.push(format!("<client warning: {err}"));
-            continue;
-        }
-        let l = match l.find("remaining(") {
-            Some(i) => format!(
-                "{}remaining(N){}",
-                &l[..i],
-                &l[l[i..].find(')').map_or(l.len(), |j| i + j + 1)..]
-            ),
-            None => l.to_string(),
-        };
-        lines.push(without_json_field(&l, "raft_term"));
-    }
-    lines.join("\n")
-}
-
-/// Drops `"field":<number>` from JSON output.
-fn without_json_field(l: &str, field: &str) -> String {
-    let pat = format!("\"{field}\":");
-    let Some(i) = l.find(&pat) else {
-        return l.to_string();
-    };
-    let rest = &l[i + pat.len()..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    format!("{}\"{field}\":N{}", &l[..i], &rest[end..])
-}
+use common::{ctl, ctl_input, ctl_ok, normalize, tools, Addrs, Proc};
 
 /// One step of the script: etcdctl arguments and stdin. `{lease}` is replaced by the id of the
 /// lease granted earlier on that server.

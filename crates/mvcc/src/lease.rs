@@ -122,7 +122,18 @@ impl Lessor {
     }
 }
 
+fn lease_keys(le: &Lessor, id: i64) -> Option<Vec<Vec<u8>>> {
+    let mut keys: Vec<Vec<u8>> = le.leases.get(&id)?.keys.iter().cloned().collect();
+    keys.sort();
+    Some(keys)
+}
+
 impl Writer<'_> {
+    /// The keys attached to lease `id` as this writer left them (None: no such lease).
+    pub fn lease_keys(&self, id: i64) -> Option<Vec<Vec<u8>>> {
+        lease_keys(&self.inner().lessor.lock(), id)
+    }
+
     /// LeaseGrant: `id` is chosen by the proposer (nonzero); a TTL below the minimum is raised
     /// to it.
     pub fn lease_grant(&mut self, id: i64, ttl: i64) -> Result<LeaseGrantResponse> {
@@ -245,6 +256,11 @@ impl Store {
             granted_ttl: lease.ttl,
             keys: ks,
         }
+    }
+
+    /// The keys attached to lease `id`, sorted (None: no such lease).
+    pub fn lease_keys(&self, id: i64) -> Option<Vec<Vec<u8>>> {
+        lease_keys(&self.inner.lessor.lock(), id)
     }
 
     /// LeaseLeases: every lease id.

@@ -19,6 +19,7 @@
 //! ```
 
 mod alarm;
+mod auth;
 mod error;
 mod hash;
 pub mod index;
@@ -30,6 +31,7 @@ mod store;
 pub mod validate;
 mod watch;
 
+pub use auth::AuthData;
 pub use error::{Error, Result};
 pub use hash::KvHash;
 pub use kv::is_txn_readonly;

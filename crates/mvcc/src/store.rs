@@ -179,6 +179,10 @@ pub(crate) struct Inner {
     pub(crate) lessor: Mutex<Lessor>,
     /// Alarms; taken after `state` when both are needed.
     pub(crate) alarms: Mutex<crate::alarm::AlarmSet>,
+    /// Users, roles and whether auth is on; taken after `state` when both are needed.
+    pub(crate) auth: Mutex<crate::auth::AuthSet>,
+    /// Whether auth is on, readable without the lock.
+    pub(crate) auth_enabled: std::sync::atomic::AtomicBool,
     view: RwLock<View>,
     /// Held by the one flush in progress; owns the compaction job.
     flushing: Mutex<Option<CompactJob>>,
@@ -260,11 +264,12 @@ pub fn init_metrics() {
     std::sync::LazyLock::force(&BACKEND_COMMIT);
 }
 
-/// What a flush writes besides revisions: lease and alarm changes.
+/// What a flush writes besides revisions: lease, alarm and auth changes.
 #[derive(Clone, Copy)]
 struct Side<'a> {
     leases: &'a std::collections::BTreeMap<i64, Option<[u8; 16]>>,
     alarms: &'a std::collections::BTreeMap<(u64, i32), bool>,
+    auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
 }
 
 /// File sizes before and after a defragmentation.
@@ -296,13 +301,22 @@ impl Store {
         let db = open_db(&path, &opts)?;
         {
             let mut tx = db.begin_write()?;
-            for b in [KEY_BUCKET, META_BUCKET, LEASE_BUCKET, ALARM_BUCKET] {
+            for b in [
+                KEY_BUCKET,
+                META_BUCKET,
+                LEASE_BUCKET,
+                ALARM_BUCKET,
+                crate::auth::AUTH_BUCKET,
+                crate::auth::USERS_BUCKET,
+                crate::auth::ROLES_BUCKET,
+            ] {
                 tx.create_bucket_if_missing(b)?;
             }
             tx.commit()?;
         }
         let (mut index, rev, finished, scheduled, applied, mut lessor) = restore(&db, &path)?;
         let raised = crate::alarm::restore(&db, &path)?;
+        let auth = crate::auth::restore(&db, &path)?;
         lessor.min_ttl = opts.min_lease_ttl;
         let pending = Arc::new(Pending::default());
         // A compaction scheduled but not finished resumes: logically at once, physically in
@@ -317,6 +331,11 @@ impl Store {
             lessor: Mutex::new(lessor),
             alarms: Mutex::new(crate::alarm::AlarmSet {
                 raised,
+                ..Default::default()
+            }),
+            auth_enabled: std::sync::atomic::AtomicBool::new(auth.enabled),
+            auth: Mutex::new(crate::auth::AuthSet {
+                data: Arc::new(auth),
                 ..Default::default()
             }),
             state: Mutex::new(WriteState {
@@ -621,19 +640,24 @@ impl Inner {
     /// One flush: the pending batch, the applied index, and one step of a compaction under way.
     fn flush(&self) -> Result<()> {
         let mut job = self.flushing.lock();
-        let (taken, applied, new_compaction, leases, alarms) = {
+        let (taken, applied, new_compaction, leases, alarms, auth) = {
             let mut st = self.state.lock();
             if let Some(f) = &st.failed {
                 return Err(Error::Stopped(f.clone()));
             }
             let leases = std::mem::take(&mut self.lessor.lock().dirty);
             let alarms = std::mem::take(&mut self.alarms.lock().dirty);
+            let auth = {
+                let mut a = self.auth.lock();
+                (std::mem::take(&mut a.dirty), a.data.clone())
+            };
             if st.pending_len == 0
                 && st.applied == st.persisted
                 && st.new_compaction.is_none()
                 && job.is_none()
                 && leases.is_empty()
                 && alarms.is_empty()
+                && auth.0.is_empty()
             {
                 return Ok(());
             }
@@ -641,11 +665,19 @@ impl Inner {
             let taken = std::mem::replace(&mut st.pending, fresh.clone());
             st.pending_len = 0;
             self.view.write().pendings.push(fresh);
-            (taken, st.applied, st.new_compaction.take(), leases, alarms)
+            (
+                taken,
+                st.applied,
+                st.new_compaction.take(),
+                leases,
+                alarms,
+                auth,
+            )
         };
         let side = Side {
             leases: &leases,
             alarms: &alarms,
+            auth: (&auth.0, &auth.1),
         };
         let result = self.write_flush(&taken, applied, new_compaction, side, &mut job);
         match result {
@@ -680,6 +712,9 @@ impl Inner {
         let db = self.db();
         let mut tx = db.begin_write()?;
         let leases = side.leases;
+        if !side.auth.0.is_empty() {
+            side.auth.0.write(side.auth.1, &mut tx)?;
+        }
         if !side.alarms.is_empty() {
             let mut b = tx.bucket(ALARM_BUCKET)?;
             for (&(member, alarm), &raised) in side.alarms {

@@ -168,6 +168,15 @@ impl ClusterService {
         Ok(())
     }
 
+    /// etcd's membership check: changes are an admin's (checked where the request arrived:
+    /// a change a member forwarded to its leader was checked there).
+    async fn admin<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        if crate::forwarded(req) {
+            return Ok(());
+        }
+        self.core.admin(self.core.who(req).await?.as_ref())
+    }
+
     /// A client of the leader's Cluster service, for what only the leader can check.
     fn leader(&self) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
         Ok(ClusterClient::new(self.core.leader_channel()?))
@@ -226,6 +235,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        self.admin(&req).await?;
         let r = req.into_inner();
         check_urls(&r.peer_ur_ls)?;
         let current = self.core.node.members();
@@ -236,7 +246,7 @@ impl Cluster for ClusterService {
             return Err(error::peer_url_exists());
         }
         if !self.core.is_leader() {
-            let answer = self.leader()?.member_add(r).await;
+            let answer = self.leader()?.member_add(self.core.to_leader(r)).await;
             return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_add(r.is_learner)?;
@@ -267,10 +277,13 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.admin(&req).await?;
         let id = req.into_inner().id;
         if !self.core.is_leader() {
             let mut leader = self.leader()?;
-            let answer = leader.member_remove(MemberRemoveRequest { id }).await;
+            let answer = leader
+                .member_remove(self.core.to_leader(MemberRemoveRequest { id }))
+                .await;
             return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_remove(id)?;
@@ -285,6 +298,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.admin(&req).await?;
         let r = req.into_inner();
         check_urls(&r.peer_ur_ls)?;
         let current = self.core.node.members();
@@ -323,10 +337,13 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.admin(&req).await?;
         let id = req.into_inner().id;
         if !self.core.is_leader() {
             let mut leader = self.leader()?;
-            let answer = leader.member_promote(MemberPromoteRequest { id }).await;
+            let answer = leader
+                .member_promote(self.core.to_leader(MemberPromoteRequest { id }))
+                .await;
             return forwarded(answer, |r| &mut r.header, self.header());
         }
         self.may_promote(id)?;

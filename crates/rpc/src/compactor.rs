@@ -135,7 +135,7 @@ pub async fn run(core: Weak<Core>, mode: AutoCompaction) {
             revision: target,
             physical: false,
         };
-        match core.propose(Op::Compaction(req)).await {
+        match core.propose_internal(Op::Compaction(req)).await {
             Ok(_) => tracing::info!(revision = target, "auto-compacted"),
             Err(e) => tracing::warn!(revision = target, "auto-compaction failed: {}", e.message()),
         }

@@ -34,6 +34,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Creds;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::server::Core;
@@ -118,12 +119,15 @@ fn range_at(t: &TxnResponse, i: usize) -> Option<&RangeResponse> {
     }
 }
 
-/// The KV, Lease and watch operations the recipes are written in, served locally.
+/// The KV, Lease and watch operations the recipes are written in, served locally, as the
+/// caller (etcd's recipes run on a client with the caller's credentials: each operation is
+/// checked against the caller's permissions).
 #[derive(Debug, Clone)]
 struct Local {
     core: Arc<Core>,
     kv: KvService,
     lease: LeaseService,
+    creds: Creds,
 }
 
 impl Local {
@@ -132,16 +136,29 @@ impl Local {
             kv: KvService::new(core.clone()),
             lease: LeaseService::new(core.clone()),
             core,
+            creds: Creds::default(),
         }
     }
 
+    /// The same, as the caller of `req`.
+    fn as_caller_of<T>(&self, req: &Request<T>) -> Local {
+        Local {
+            creds: Creds::of(req),
+            ..self.clone()
+        }
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        self.creds.request(msg)
+    }
+
     async fn txn(&self, t: TxnRequest) -> Result<TxnResponse, Status> {
-        self.kv.txn(Request::new(t)).await.map(Response::into_inner)
+        self.kv.txn(self.request(t)).await.map(Response::into_inner)
     }
 
     async fn range(&self, r: RangeRequest) -> Result<RangeResponse, Status> {
         self.kv
-            .range(Request::new(r))
+            .range(self.request(r))
             .await
             .map(Response::into_inner)
     }
@@ -151,7 +168,7 @@ impl Local {
             key: key.to_vec(),
             ..Default::default()
         };
-        let resp = self.kv.delete_range(Request::new(r)).await?.into_inner();
+        let resp = self.kv.delete_range(self.request(r)).await?.into_inner();
         Ok(resp.header.unwrap_or_default())
     }
 
@@ -166,7 +183,7 @@ impl Local {
         };
         Ok(self
             .lease
-            .lease_grant(Request::new(r))
+            .lease_grant(self.request(r))
             .await?
             .into_inner()
             .id)
@@ -324,8 +341,8 @@ impl LockService {
 #[tonic::async_trait]
 impl Lock for LockService {
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let l = &self.local.as_caller_of(&req);
         let r = req.into_inner();
-        let l = &self.local;
         let lease = l.session(r.lease).await.map_err(unknown)?;
         let (pfx, key) = session_key(&r.name, lease);
         let owner = by_create(&pfx, SortOrder::Ascend);
@@ -389,6 +406,7 @@ impl Lock for LockService {
     ) -> Result<Response<UnlockResponse>, Status> {
         let header = self
             .local
+            .as_caller_of(&req)
             .delete(&req.into_inner().key)
             .await
             .map_err(unknown)?;
@@ -411,8 +429,13 @@ impl ElectionService {
         }
     }
 
-    /// Puts `value` on the leader key if it still is `leader`'s; the txn's header.
-    async fn proclaim(&self, leader: &LeaderKey, value: &[u8]) -> Result<ResponseHeader, Status> {
+    /// Puts `value` on the leader key if it still is `leader`'s, as `l`'s caller; the txn's
+    /// header.
+    async fn proclaim(
+        l: &Local,
+        leader: &LeaderKey,
+        value: &[u8],
+    ) -> Result<ResponseHeader, Status> {
         let t = TxnRequest {
             compare: vec![created_at(&leader.key, leader.rev)],
             success: vec![op(ReqOp::RequestPut(PutRequest {
@@ -423,7 +446,7 @@ impl ElectionService {
             }))],
             failure: vec![],
         };
-        let resp = self.local.txn(t).await.map_err(unknown)?;
+        let resp = l.txn(t).await.map_err(unknown)?;
         if !resp.succeeded {
             return Err(recipe_error("election: not leader"));
         }
@@ -443,8 +466,8 @@ impl Election for ElectionService {
         &self,
         req: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
+        let l = &self.local.as_caller_of(&req);
         let r = req.into_inner();
-        let l = &self.local;
         let lease = l.session(r.lease).await.map_err(unknown)?;
         let (pfx, key) = session_key(&r.name, lease);
         let t = TxnRequest {
@@ -468,7 +491,7 @@ impl Election for ElectionService {
             if let Some(kv) = range_at(&resp, 0).and_then(|r| r.kvs.first()) {
                 leader.rev = kv.create_revision;
                 if kv.value != r.value {
-                    if let Err(e) = self.proclaim(&leader, &r.value).await {
+                    if let Err(e) = ElectionService::proclaim(l, &leader, &r.value).await {
                         Cleanup::new(l, &leader.key, leader.rev).run().await;
                         return Err(e);
                     }
@@ -492,9 +515,10 @@ impl Election for ElectionService {
         &self,
         req: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
+        let l = self.local.as_caller_of(&req);
         let r = req.into_inner();
         let leader = leader_field(r.leader)?;
-        let header = ElectionService::proclaim(self, &leader, &r.value).await?;
+        let header = ElectionService::proclaim(&l, &leader, &r.value).await?;
         Ok(Response::new(ProclaimResponse {
             header: Some(header),
         }))
@@ -504,9 +528,9 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
+        let l = self.local.as_caller_of(&req);
         let pfx = prefix(&req.into_inner().name);
-        let resp = self
-            .local
+        let resp = l
             .range(by_create(&pfx, SortOrder::Ascend))
             .await
             .map_err(unknown)?;
@@ -526,9 +550,9 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
+        let local = self.local.as_caller_of(&req);
         let pfx = prefix(&req.into_inner().name);
         let (tx, rx) = mpsc::channel(16);
-        let local = self.local.clone();
         tokio::spawn(async move {
             // Ends quietly when the client leaves or a read or watch fails, as etcd's does.
             tokio::select! {
@@ -545,9 +569,9 @@ impl Election for ElectionService {
         &self,
         req: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
+        let l = self.local.as_caller_of(&req);
         let leader = leader_field(req.into_inner().leader)?;
-        let header = self
-            .local
+        let header = l
             .delete_if_created(&leader.key, leader.rev)
             .await
             .map_err(unknown)?;

@@ -17,10 +17,6 @@ pub(crate) fn no_space() -> Status {
     Status::resource_exhausted("etcdserver: mvcc: database space exceeded")
 }
 
-pub(crate) fn auth_not_enabled() -> Status {
-    Status::failed_precondition("etcdserver: authentication is not enabled")
-}
-
 pub(crate) fn bad_member_urls() -> Status {
     Status::invalid_argument("etcdserver: given member URLs are invalid")
 }

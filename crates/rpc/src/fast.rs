@@ -10,8 +10,10 @@ use bytes::Bytes;
 use prost::Message;
 use tonic::Status;
 
+use crate::auth::{AuthInfo, Creds};
 use crate::kv;
 use crate::server::Core;
+use crate::ClientCert;
 
 /// The methods answered here, by gRPC path; the index is the method's id.
 const METHODS: [&[u8]; 4] = [
@@ -33,11 +35,13 @@ impl KvCalls {
     }
 }
 
-/// Decodes the request, runs `call` and encodes its answer.
+/// Decodes the request, finds its caller (its token, or its connection's certificate), runs
+/// `call` and encodes its answer.
 fn run<Req, Resp, F>(
     core: &Arc<Core>,
     msg: Bytes,
-    call: fn(Arc<Core>, Req) -> F,
+    head: grpc_wire::CallHead<'_>,
+    call: fn(Arc<Core>, Option<AuthInfo>, Req) -> F,
 ) -> grpc_wire::UnaryFuture
 where
     Req: Message + Default + Send + 'static,
@@ -50,8 +54,19 @@ where
             "grpc: error unmarshalling request: {e}"
         ))))),
         Ok(req) => {
-            let fut = call(core.clone(), req);
-            Box::pin(async move { fut.await.map(|resp| Bytes::from(resp.encode_to_vec())) })
+            let creds = Creds {
+                token: head
+                    .header("token")
+                    .or_else(|| head.header("authorization"))
+                    .map(|t| String::from_utf8_lossy(t).into_owned()),
+                cert: head.extensions().get::<ClientCert>().cloned(),
+            };
+            let core = core.clone();
+            Box::pin(async move {
+                let who = core.identify(&creds).await?;
+                let resp = call(core, who, req).await?;
+                Ok(Bytes::from(resp.encode_to_vec()))
+            })
         }
     }
 }
@@ -61,18 +76,20 @@ impl grpc_wire::Unary for KvCalls {
         METHODS.iter().position(|m| *m == path)
     }
 
-    fn call(&self, id: usize, msg: Bytes) -> grpc_wire::UnaryFuture {
+    fn call(&self, id: usize, msg: Bytes, head: grpc_wire::CallHead<'_>) -> grpc_wire::UnaryFuture {
         match id {
-            0 => run(
-                &self.core,
-                msg,
-                |c, r| async move { kv::range(&c, r).await },
-            ),
-            1 => run(&self.core, msg, |c, r| async move { kv::put(&c, r).await }),
-            2 => run(&self.core, msg, |c, r| async move {
-                kv::delete_range(&c, r).await
+            0 => run(&self.core, msg, head, |c, who, r| async move {
+                kv::range(&c, who.as_ref(), r).await
             }),
-            _ => run(&self.core, msg, |c, r| async move { kv::txn(&c, r).await }),
+            1 => run(&self.core, msg, head, |c, who, r| async move {
+                kv::put(&c, who.as_ref(), r).await
+            }),
+            2 => run(&self.core, msg, head, |c, who, r| async move {
+                kv::delete_range(&c, who.as_ref(), r).await
+            }),
+            _ => run(&self.core, msg, head, |c, who, r| async move {
+                kv::txn(&c, who.as_ref(), r).await
+            }),
         }
     }
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Status};
 
-use crate::auth::AuthService;
+use crate::auth::{AuthService, Creds};
 use crate::cluster::ClusterService;
 use crate::concurrency::{ElectionService, LockService};
 use crate::kv::KvService;
@@ -254,17 +254,43 @@ async fn not_found() -> Response {
     error(&Status::not_found("Not Found"))
 }
 
+/// A gateway request as the gRPC method sees it: grpc-gateway passes the `Authorization`
+/// header on as `authorization` metadata (etcd takes the token from there). Nothing else of
+/// the HTTP request reaches the call: a client certificate never names the user here.
+fn grpc_request<T>(msg: T, headers: &axum::http::HeaderMap) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+    {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
+}
+
+/// The credentials of a gateway stream (its token, as [`grpc_request`] passes it).
+fn creds(headers: &axum::http::HeaderMap) -> Creds {
+    Creds {
+        token: headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
+        cert: None,
+    }
+}
+
 /// A route for `svc.method(request)` with one request in the body, answered by `answer`
 /// ([`reply`] for a unary method, [`reply_stream`] for a server-streaming one).
 macro_rules! route {
     ($svc:expr, $method:ident, $limit:expr, $answer:ident) => {{
         let svc = $svc.clone();
         let limit = $limit;
-        post(move |body: Bytes| {
+        post(move |headers: axum::http::HeaderMap, body: Bytes| {
             let svc = svc.clone();
             async move {
                 match decode(&body, limit) {
-                    Ok(req) => $answer(svc.$method(tonic::Request::new(req)).await),
+                    Ok(req) => $answer(svc.$method(grpc_request(req, &headers)).await),
                     Err(s) => error(&s),
                 }
             }
@@ -277,16 +303,16 @@ macro_rules! route {
 /// a line per response.
 fn bidi<T, O, S>(
     limit: usize,
-    open: impl Fn(Requests<T>) -> S + Clone + Send + Sync + 'static,
+    open: impl Fn(Requests<T>, Creds) -> S + Clone + Send + Sync + 'static,
 ) -> MethodRouter
 where
     T: DeserializeOwned + prost::Message + Send + 'static,
     O: Serialize + Send + 'static,
     S: Stream<Item = Result<O, Status>> + Send + 'static,
 {
-    post(move |body: Body| {
+    post(move |headers: axum::http::HeaderMap, body: Body| {
         let open = open.clone();
-        async move { streamed(open(Box::pin(requests::<T>(body, limit)))) }
+        async move { streamed(open(Box::pin(requests::<T>(body, limit)), creds(&headers))) }
     })
     .fallback(method_not_allowed)
 }
@@ -308,7 +334,7 @@ pub fn router(core: &Arc<Core>, limit: usize) -> Router {
     let election = ElectionService::new(core.clone());
     let keep_alive = {
         let lease = lease.clone();
-        bidi(limit, move |input| lease.keep_alive(input))
+        bidi(limit, move |input, _creds| lease.keep_alive(input))
     };
     Router::new()
         .route("/v3/kv/range", route!(kv, range, limit, reply))
@@ -316,7 +342,10 @@ pub fn router(core: &Arc<Core>, limit: usize) -> Router {
         .route("/v3/kv/deleterange", route!(kv, delete_range, limit, reply))
         .route("/v3/kv/txn", route!(kv, txn, limit, reply))
         .route("/v3/kv/compaction", route!(kv, compact, limit, reply))
-        .route("/v3/watch", bidi(limit, move |input| watch.open(input)))
+        .route(
+            "/v3/watch",
+            bidi(limit, move |input, creds| watch.open(input, creds)),
+        )
         .route("/v3/lease/grant", route!(lease, lease_grant, limit, reply))
         .route(
             "/v3/lease/revoke",

@@ -28,6 +28,16 @@ pub fn router(core: Arc<Core>) -> Router {
         .with_state(core)
 }
 
+/// The routes of a metrics URL (etcd's `--listen-metrics-urls`): metrics and health.
+pub fn metrics_router(core: Arc<Core>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/readyz", get(readyz))
+        .route("/livez", get(livez))
+        .route("/metrics", get(metrics))
+        .with_state(core)
+}
+
 /// What answers a path no route has: a gRPC call gets gRPC's UNIMPLEMENTED, anything else
 /// HTTP 404, as etcd's server.
 pub async fn fallback(req: axum::extract::Request) -> Response {

@@ -11,6 +11,7 @@ use api::etcdserverpb::{
 use mvcc::validate;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{self, AuthInfo};
 use crate::error;
 use crate::request::{Op, Response as Applied};
 use crate::server::Core;
@@ -35,34 +36,46 @@ fn writes(t: &TxnRequest) -> bool {
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        range(&self.core, req.into_inner()).await.map(Response::new)
+        let who = self.core.who(&req).await?;
+        range(&self.core, who.as_ref(), req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        put(&self.core, req.into_inner()).await.map(Response::new)
+        let who = self.core.who(&req).await?;
+        put(&self.core, who.as_ref(), req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn delete_range(
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        delete_range(&self.core, req.into_inner())
+        let who = self.core.who(&req).await?;
+        delete_range(&self.core, who.as_ref(), req.into_inner())
             .await
             .map(Response::new)
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        txn(&self.core, req.into_inner()).await.map(Response::new)
+        let who = self.core.who(&req).await?;
+        txn(&self.core, who.as_ref(), req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn compact(
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        let who = self.core.who(&req).await?;
         let r = req.into_inner();
         self.core.refuse_learner()?;
+        self.core.permitted(who.as_ref(), |c| auth::compaction(c))?;
         let (rev, physical) = (r.revision, r.physical);
-        match self.core.propose(Op::Compaction(r)).await? {
+        match self.core.propose(Op::Compaction(r), who.as_ref()).await? {
             Applied::Compaction(mut resp) => {
                 if physical {
                     let store = self.core.backend.store();
@@ -80,28 +93,40 @@ impl Kv for KvService {
 }
 
 // The calls themselves, shared by the tonic service above and the client connection's
-// unary path (`fast.rs`).
+// unary path (`fast.rs`); `who` is the caller, whose permissions are checked here (and again
+// when a write is applied).
 
-pub(crate) async fn range(core: &Core, r: RangeRequest) -> Result<RangeResponse, Status> {
+pub(crate) async fn range(
+    core: &Core,
+    who: Option<&AuthInfo>,
+    r: RangeRequest,
+) -> Result<RangeResponse, Status> {
     validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
     if !r.serializable {
         core.refuse_learner()?;
         core.linearize().await?;
     }
+    core.permitted(who, |c| auth::range(c, &r))?;
     let store = core.backend.store();
     let mut resp = store
         .read()
         .and_then(|mut s| s.range(&r))
         .map_err(|e| error::mvcc(&e))?;
+    core.auth_unchanged(who)?;
     core.fill(&mut resp.header);
     Ok(resp)
 }
 
-pub(crate) async fn put(core: &Core, r: PutRequest) -> Result<PutResponse, Status> {
+pub(crate) async fn put(
+    core: &Core,
+    who: Option<&AuthInfo>,
+    r: PutRequest,
+) -> Result<PutResponse, Status> {
     validate::check_put(&r).map_err(|e| error::mvcc(&e))?;
     core.refuse_learner()?;
+    core.permitted(who, |c| auth::put(c, &r))?;
     core.check_quota(r.key.len() + r.value.len()).await?;
-    match core.propose(Op::Put(r)).await? {
+    match core.propose(Op::Put(r), who).await? {
         Applied::Put(mut resp) => {
             core.fill(&mut resp.header);
             Ok(resp)
@@ -112,11 +137,13 @@ pub(crate) async fn put(core: &Core, r: PutRequest) -> Result<PutResponse, Statu
 
 pub(crate) async fn delete_range(
     core: &Core,
+    who: Option<&AuthInfo>,
     r: DeleteRangeRequest,
 ) -> Result<DeleteRangeResponse, Status> {
     validate::check_delete(&r).map_err(|e| error::mvcc(&e))?;
     core.refuse_learner()?;
-    match core.propose(Op::DeleteRange(r)).await? {
+    core.permitted(who, |c| auth::delete_range(c, &r))?;
+    match core.propose(Op::DeleteRange(r), who).await? {
         Applied::DeleteRange(mut resp) => {
             core.fill(&mut resp.header);
             Ok(resp)
@@ -125,21 +152,28 @@ pub(crate) async fn delete_range(
     }
 }
 
-pub(crate) async fn txn(core: &Core, t: TxnRequest) -> Result<TxnResponse, Status> {
+pub(crate) async fn txn(
+    core: &Core,
+    who: Option<&AuthInfo>,
+    t: TxnRequest,
+) -> Result<TxnResponse, Status> {
     validate::check_txn(&t, core.cfg.max_txn_ops).map_err(|e| error::mvcc(&e))?;
     core.refuse_learner()?;
     if !writes(&t) {
         core.linearize().await?;
+        core.permitted(who, |c| auth::txn(c, &t))?;
         let store = core.backend.store();
         let mut resp = store
             .read()
             .and_then(|mut s| s.txn(&t))
             .map_err(|e| error::mvcc(&e))?;
+        core.auth_unchanged(who)?;
         core.fill(&mut resp.header);
         return Ok(resp);
     }
+    core.permitted(who, |c| auth::txn(c, &t))?;
     core.check_quota(prost::Message::encoded_len(&t)).await?;
-    match core.propose(Op::Txn(t)).await? {
+    match core.propose(Op::Txn(t), who).await? {
         Applied::Txn(mut resp) => {
             core.fill(&mut resp.header);
             Ok(resp)

@@ -1,6 +1,6 @@
 //! `etcdserverpb.Lease`: grants and revocations go through consensus; keep-alives and
 //! time-to-live run on the leader, which alone runs lease clocks — a follower forwards them to
-//! the leader's client URL, as etcd forwards them to its leader.
+//! the leader's peer port, as etcd forwards them to its leader's peer URLs.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Checks, Need};
 use crate::error;
 use crate::request::{Op, Response as Applied};
 use crate::server::Core;
@@ -75,7 +76,7 @@ impl LeaseService {
             let mut client = LeaseClient::new(self.core.leader_channel()?);
             let (tx, rx) = mpsc::channel(16);
             let stream = client
-                .lease_keep_alive(ReceiverStream::new(rx))
+                .lease_keep_alive(self.core.to_leader(ReceiverStream::new(rx)))
                 .await
                 .map_err(|s| error::forward_failed(&s))?
                 .into_inner();
@@ -144,6 +145,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let who = self.core.who(&req).await?;
         let mut r = req.into_inner();
         if r.ttl > mvcc::lease::MAX_LEASE_TTL {
             return Err(error::mvcc(&mvcc::Error::LeaseTtlTooLarge));
@@ -152,7 +154,7 @@ impl Lease for LeaseService {
             r.id = new_lease_id();
         }
         self.core.check_quota(32).await?;
-        match self.core.propose(Op::LeaseGrant(r)).await? {
+        match self.core.propose(Op::LeaseGrant(r), who.as_ref()).await? {
             Applied::LeaseGrant(mut resp) => {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -165,7 +167,11 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        match self.core.propose(Op::LeaseRevoke(req.into_inner())).await? {
+        let who = self.core.who(&req).await?;
+        let r = req.into_inner();
+        // Revoking deletes the lease's keys: the caller must be able to write them all.
+        self.core.permitted(who.as_ref(), |c| c.lease(r.id))?;
+        match self.core.propose(Op::LeaseRevoke(r), who.as_ref()).await? {
             Applied::LeaseRevoke(mut resp) => {
                 self.core.fill(&mut resp.header);
                 Ok(Response::new(resp))
@@ -187,14 +193,31 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let who = self.core.who(&req).await?;
+        let forwarded = crate::forwarded(&req);
         let r = req.into_inner();
+        // etcd checks what the keys reveal where the request arrives (a forwarded one was
+        // checked by the member that forwarded it): each must be readable, or the answer is
+        // a refusal (not a shorter list), as etcd 3.6.5 answers.
+        if r.keys && !forwarded {
+            let keys = self
+                .core
+                .backend
+                .store()
+                .lease_keys(r.id)
+                .unwrap_or_default();
+            self.core.permitted(who.as_ref(), |c| {
+                keys.iter().try_for_each(|k| c.need(Need::Read, k, &[]))
+            })?;
+        }
         if !self.core.is_leader() {
             let mut client = LeaseClient::new(self.core.leader_channel()?);
             let mut resp = client
-                .lease_time_to_live(r)
+                .lease_time_to_live(self.core.to_leader(r))
                 .await
                 .map_err(|s| error::forward_failed(&s))?
                 .into_inner();
+            self.core.auth_unchanged(who.as_ref())?;
             self.core.fill(&mut resp.header);
             return Ok(Response::new(resp));
         }
@@ -203,6 +226,7 @@ impl Lease for LeaseService {
             .backend
             .store()
             .lease_time_to_live(r.id, r.keys, Instant::now());
+        self.core.auth_unchanged(who.as_ref())?;
         self.core.fill(&mut resp.header);
         Ok(Response::new(resp))
     }

@@ -7,7 +7,7 @@
 //! applied by [`KvStateMachine`] in raft order, and answered once applied here. Linearizable
 //! reads wait for a ReadIndex round and read a store snapshot; serializable reads skip the round.
 
-mod auth;
+pub mod auth;
 pub mod backend;
 mod cluster;
 pub mod compactor;
@@ -46,12 +46,36 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 /// etcd's gRPC send limit (math.MaxInt32).
 const GRPC_MAX_SEND: usize = i32::MAX as usize;
 
+/// A connection's verified client certificate, in the extensions of each of its requests:
+/// its CN is the user of a gRPC request that carries no token when auth is on, as etcd's
+/// `--client-cert-auth` has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub common_name: String,
+}
+
+/// Marks a request a member forwarded to its leader over the peer port: the member that
+/// received it from the client checked its permissions, so the leader does not again (it has
+/// no credentials to check). Only the peer port's services set it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Forwarded;
+
+/// Whether `req` was forwarded by a member (see [`Forwarded`]).
+pub(crate) fn forwarded<T>(req: &tonic::Request<T>) -> bool {
+    req.extensions().get::<Forwarded>().is_some()
+}
+
 /// What the client port serves: etcd's KV calls answered by the connection itself, and the
-/// router for everything else.
+/// routers for everything else.
 #[derive(Debug, Clone)]
 pub struct ClientPort {
     /// Every etcd service, the JSON gateway and the HTTP endpoints.
     pub router: axum::Router,
+    /// Only the gRPC services: what `--listen-client-urls` serve when
+    /// `--listen-client-http-urls` takes the HTTP traffic elsewhere, as etcd splits it.
+    pub grpc_router: axum::Router,
+    /// Only the JSON gateway and the HTTP endpoints (`--listen-client-http-urls`).
+    pub http_router: axum::Router,
     /// KV Range, Put, DeleteRange and Txn without tonic's per-call machinery.
     pub unary: Arc<dyn grpc_wire::Unary>,
     /// HTTP/2 settings, with gRPC's receive limit as etcd's.
@@ -65,31 +89,74 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
         max_recv_message: core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
         ..config
     };
-    ClientPort {
-        router: services(core),
-        unary: Arc::new(fast::KvCalls::new(core.clone())),
-        config: Arc::new(config),
-    }
-}
-
-/// Every etcd service over `core` and the HTTP endpoints beside them, ready to serve.
-fn services(core: &Arc<Core>) -> axum::Router {
     // `/metrics` lists the consensus and storage histograms before their first sample.
     consensus::metrics::init();
     mvcc::init_metrics();
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(Arc::downgrade(core), health));
-    let grpc = grpc_services(core).add_service(health_service);
     let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);
-    grpc.into_axum_router()
-        .merge(gateway::router(
-            core,
-            core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
-        ))
-        .layer(gate)
-        .merge(http::router(core.clone()))
-        .fallback(http::fallback)
-        .layer(axum::middleware::map_response(http::grpc_limit_error))
+    let grpc = grpc_services(core)
+        .add_service(health_service)
+        .into_axum_router();
+    let gateway = gateway::router(core, core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES);
+    let finish = |r: axum::Router| {
+        r.fallback(http::fallback)
+            .layer(axum::middleware::map_response(http::grpc_limit_error))
+    };
+    ClientPort {
+        router: finish(
+            grpc.clone()
+                .merge(gateway.clone())
+                .layer(gate.clone())
+                .merge(http::router(core.clone())),
+        ),
+        grpc_router: finish(grpc.layer(gate.clone())),
+        http_router: finish(gateway.layer(gate).merge(http::router(core.clone()))),
+        unary: Arc::new(fast::KvCalls::new(core.clone())),
+        config: Arc::new(config),
+    }
+}
+
+/// What a member's peer port serves besides raft: the calls followers forward to their
+/// leader (lease keep-alives and time-to-live, membership changes), for members of this
+/// cluster only.
+pub fn peer_services(core: &Arc<Core>) -> tonic::service::Routes {
+    let cluster = format!("{:x}", core.cluster_id);
+    let check = move |req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
+        let from = req
+            .metadata()
+            .get(server::FORWARD_CLUSTER)
+            .and_then(|v| v.to_str().ok());
+        if from != Some(cluster.as_str()) {
+            return Err(tonic::Status::failed_precondition(format!(
+                "cluster id mismatch: this member is in cluster {cluster}, the request came from cluster {}",
+                from.unwrap_or("(none)")
+            )));
+        }
+        let mut req = req;
+        req.extensions_mut().insert(Forwarded);
+        Ok(req)
+    };
+    let recv = core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    let lease = LeaseServer::new(lease::LeaseService::new(core.clone()))
+        .max_decoding_message_size(recv)
+        .max_encoding_message_size(GRPC_MAX_SEND);
+    let cluster_svc = ClusterServer::new(cluster::ClusterService::new(core.clone()))
+        .max_decoding_message_size(recv)
+        .max_encoding_message_size(GRPC_MAX_SEND);
+    tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+        lease,
+        check.clone(),
+    ))
+    .add_service(tonic::service::interceptor::InterceptedService::new(
+        cluster_svc,
+        check,
+    ))
+}
+
+/// What `--listen-metrics-urls` serve, as etcd: `/metrics` and the health endpoints.
+pub fn metrics_router(core: &Arc<Core>) -> axum::Router {
+    http::metrics_router(core.clone()).fallback(http::fallback)
 }
 
 /// What a learner serves, as etcd's interceptors allow it: Status, Snapshot and Range (the KV

@@ -101,6 +101,7 @@ type SnapshotOut = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> +
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
     async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let who = self.core.who(&req).await?;
         let r = req.into_inner();
         match AlarmAction::try_from(r.action) {
             Ok(AlarmAction::Get) => {
@@ -120,7 +121,10 @@ impl Maintenance for MaintenanceService {
                 }))
             }
             Ok(AlarmAction::Activate | AlarmAction::Deactivate) => {
-                match self.core.propose(Op::Alarm(r)).await? {
+                // Raising an alarm stops every write; clearing one lifts a stop the cluster
+                // raised: an admin's call (etcd 3.6.5 lets any caller make it).
+                self.core.admin(who.as_ref())?;
+                match self.core.propose(Op::Alarm(r), who.as_ref()).await? {
                     Applied::Alarm(mut resp) => {
                         self.core.fill(&mut resp.header);
                         Ok(Response::new(resp))
@@ -134,8 +138,9 @@ impl Maintenance for MaintenanceService {
 
     async fn status(
         &self,
-        _req: Request<StatusRequest>,
+        req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let st = self.core.node.status();
         let store = self.core.backend.store();
         // As bbolt reports them to etcd: up to the high-water mark, and that less the pages the
@@ -171,8 +176,9 @@ impl Maintenance for MaintenanceService {
     /// writes go on while it copies.
     async fn defragment(
         &self,
-        _req: Request<DefragmentRequest>,
+        req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let backend = self.core.backend.clone();
         tokio::task::spawn_blocking(move || backend.defragment())
             .await
@@ -184,7 +190,8 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    async fn hash(&self, _req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let backend = self.core.backend.clone();
         let hash = tokio::task::spawn_blocking(move || -> std::io::Result<u32> {
             let mut dump = backend.dump()?;
@@ -212,6 +219,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let rev = req.into_inner().revision;
         let store = self.core.backend.store();
         let h = tokio::task::spawn_blocking(move || store.hash_kv(rev))
@@ -230,8 +238,9 @@ impl Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _req: Request<SnapshotRequest>,
+        req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let backend = self.core.backend.clone();
         let header = self.core.header(backend.store().rev());
         let (tx, rx) = mpsc::channel(4);
@@ -286,6 +295,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         let target = req.into_inner().target_id;
         if !self.core.is_leader() {
             return Err(error::not_leader());
@@ -321,8 +331,9 @@ impl Maintenance for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _req: Request<DowngradeRequest>,
+        req: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
+        self.core.admin(self.core.who(&req).await?.as_ref())?;
         Err(Status::unimplemented(
             "kvd: cluster downgrade is not supported",
         ))

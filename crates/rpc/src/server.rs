@@ -8,9 +8,10 @@ use api::etcdserverpb::{LeaseRevokeRequest, ResponseHeader};
 use consensus::{Change, Member, RaftNode, Role};
 use tonic::Status;
 
+use crate::auth::{Auth, AuthInfo};
 use crate::backend::Backend;
 use crate::error;
-use crate::request::{Applied, InternalRequest, Op, Response};
+use crate::request::{Applied, InternalRequest, Op, RequestHeader, Response};
 
 /// etcd's defaults for the limits a client can hit.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
@@ -95,9 +96,17 @@ pub struct Core {
     pub cfg: ServerConfig,
     pub id: u64,
     pub cluster_id: u64,
-    /// A client connection to the leader, for requests only it serves: (leader, channel).
+    /// Tokens, passwords and permissions (the users and roles are in the store).
+    pub auth: Arc<Auth>,
+    /// How this member dials its peers (the leader, for requests only it serves).
+    dialer: consensus::Dialer,
+    /// A connection to the leader's peer port, for requests only it serves: (leader, channel).
     to_leader: parking_lot::Mutex<Option<(u64, tonic::transport::Channel)>>,
 }
+
+/// The metadata naming the cluster of a request a member forwards to its leader; the
+/// leader's peer port refuses one from another cluster.
+pub(crate) const FORWARD_CLUSTER: &str = "kvd-cluster-id";
 
 impl Core {
     pub fn new(
@@ -105,6 +114,8 @@ impl Core {
         backend: Arc<Backend>,
         cfg: ServerConfig,
         cluster_id: u64,
+        auth: Arc<Auth>,
+        dialer: consensus::Dialer,
     ) -> Arc<Core> {
         Arc::new(Core {
             id: node.id(),
@@ -112,6 +123,8 @@ impl Core {
             backend,
             cfg,
             cluster_id,
+            auth,
+            dialer,
             to_leader: parking_lot::Mutex::new(None),
         })
     }
@@ -167,15 +180,30 @@ impl Core {
             member_id: self.id,
             alarm: api::etcdserverpb::AlarmType::Nospace as i32,
         };
-        if let Err(e) = self.propose(Op::Alarm(alarm)).await {
+        if let Err(e) = self.propose_internal(Op::Alarm(alarm)).await {
             tracing::warn!("raising the NOSPACE alarm failed: {}", e.message());
         }
         Err(error::no_space())
     }
 
-    /// Proposes `op` and waits for its answer.
-    pub async fn propose(&self, op: Op) -> Result<Response, Status> {
-        let data = InternalRequest::encode(op);
+    /// Proposes a client's `op`, made by `who`, and waits for its answer; applying it checks
+    /// the caller's permissions again.
+    pub async fn propose(&self, op: Op, who: Option<&AuthInfo>) -> Result<Response, Status> {
+        let header = RequestHeader {
+            username: who.map(|w| w.user.clone()).unwrap_or_default(),
+            auth_revision: who.map_or(0, |w| w.revision),
+        };
+        self.propose_data(InternalRequest::encode_from(op, header))
+            .await
+    }
+
+    /// Proposes the member's own `op` (an expired lease, a checkpoint, an alarm, an automatic
+    /// compaction) and waits for its answer.
+    pub async fn propose_internal(&self, op: Op) -> Result<Response, Status> {
+        self.propose_data(InternalRequest::encode(op)).await
+    }
+
+    async fn propose_data(&self, data: Vec<u8>) -> Result<Response, Status> {
         if data.len() > self.cfg.max_request_bytes {
             return Err(error::request_too_large());
         }
@@ -235,15 +263,15 @@ impl Core {
             };
             let core = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = core.propose(Op::LeaseCheckpoint(req)).await {
+                if let Err(e) = core.propose_internal(Op::LeaseCheckpoint(req)).await {
                     tracing::debug!("lease checkpoint failed: {}", e.message());
                 }
             });
         }
     }
 
-    /// A client connection to the leader's first client URL (for requests only the leader
-    /// serves), reused while the leader stays.
+    /// A connection to the leader's peer port (for requests only the leader serves, as etcd
+    /// forwards lease renewals to its leader's peer URLs), reused while the leader stays.
     pub fn leader_channel(&self) -> Result<tonic::transport::Channel, Status> {
         let leader = self.leader()?;
         let mut slot = self.to_leader.lock();
@@ -256,15 +284,23 @@ impl Core {
             .node
             .members()
             .get(leader)
-            .and_then(|m| m.client_urls.first().cloned())
+            .and_then(|m| m.peer_urls.first().cloned())
             .ok_or_else(|| error::consensus(&consensus::Error::NoLeader))?;
-        let ch = tonic::transport::Endpoint::from_shared(url.clone())
-            .map_err(|e| Status::unavailable(format!("leader client URL {url}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let ch = self
+            .dialer
+            .channel(&url, |e| e.connect_timeout(Duration::from_secs(2)))
+            .map_err(|e| Status::unavailable(format!("leader peer URL {url}: {e}")))?;
         *slot = Some((leader, ch.clone()));
         Ok(ch)
+    }
+
+    /// `msg` as a request forwarded to the leader: it names this member's cluster.
+    pub fn to_leader<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Ok(v) = format!("{:x}", self.cluster_id).parse() {
+            r.metadata_mut().insert(FORWARD_CLUSTER, v);
+        }
+        r
     }
 }
 
@@ -316,7 +352,9 @@ pub async fn background(core: std::sync::Weak<Core>) {
             for id in store.expired_leases(Instant::now(), REVOKES_PER_ROUND) {
                 let c = core.clone();
                 tokio::spawn(async move {
-                    let r = c.propose(Op::LeaseRevoke(LeaseRevokeRequest { id })).await;
+                    let r = c
+                        .propose_internal(Op::LeaseRevoke(LeaseRevokeRequest { id }))
+                        .await;
                     match r {
                         Ok(_) => {
                             tracing::debug!(lease = %format!("{id:x}"), "expired lease revoked")

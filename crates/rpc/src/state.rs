@@ -14,19 +14,51 @@ use consensus::{Committed, StateMachine};
 use mvcc::Writer;
 use prost::Message;
 
+use crate::auth::{self, Auth, AuthError, AuthInfo, Checks, Need};
 use crate::backend::Backend;
 use crate::error;
-use crate::request::{Applied, InternalRequest, Op, Response};
+use crate::request::{Applied, InternalRequest, Op, RequestHeader, Response};
 
 /// kvd's [`StateMachine`].
 #[derive(Debug)]
 pub struct KvStateMachine {
     backend: Arc<Backend>,
+    /// The member's tokens and permission checks (the users and roles are in the store).
+    auth: Arc<Auth>,
 }
 
 impl KvStateMachine {
-    pub fn new(backend: Arc<Backend>) -> Self {
-        KvStateMachine { backend }
+    pub fn new(backend: Arc<Backend>, auth: Arc<Auth>) -> Self {
+        KvStateMachine { backend, auth }
+    }
+
+    /// etcd's apply-time auth checks of a client's request (`header` names the caller), on
+    /// the auth store as of this entry: a permission revoked since the request was checked
+    /// and proposed is honoured here, the same on every member.
+    fn permitted(&self, w: &Writer<'_>, header: &RequestHeader, op: &Op) -> Result<(), AuthError> {
+        let data = w.auth();
+        if !data.enabled {
+            return Ok(());
+        }
+        let who = AuthInfo {
+            user: header.username.clone(),
+            revision: header.auth_revision,
+        };
+        let keys = |id| w.lease_keys(id);
+        let mut c = self.auth.check(&data, Some(&who), &keys);
+        match op {
+            Op::Put(p) => auth::put(&mut c, p),
+            Op::DeleteRange(d) => auth::delete_range(&mut c, d),
+            Op::Txn(t) => auth::txn(&mut c, t),
+            Op::Compaction(_) => auth::compaction(&mut c),
+            Op::LeaseRevoke(r) => c.lease(r.id),
+            Op::Alarm(_) => c.admin(),
+            op if op.needs_admin() => c.admin(),
+            // Anyone may grant a lease (etcd's rule); Authenticate was checked by password;
+            // checkpoints are the leader's own.
+            Op::LeaseGrant(_) | Op::Authenticate(_) | Op::LeaseCheckpoint(_) => Ok(()),
+            _ => c.need(Need::Write, &[0], &[0]),
+        }
     }
 }
 
@@ -43,8 +75,11 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
 }
 
 impl KvStateMachine {
-    fn apply_one(&self, w: &mut Writer<'_>, rev: i64, op: Op) -> mvcc::Result<Response> {
-        Ok(match op {
+    fn apply_one(&self, w: &mut Writer<'_>, rev: i64, op: Op, index: u64) -> mvcc::Result<Applied> {
+        if auth::is_auth(&op) {
+            return Ok(auth::apply(w, &self.auth, op, index).map_err(AuthError::status));
+        }
+        Ok(Ok(match op {
             Op::Put(p) => Response::Put(w.put(&p)?),
             Op::DeleteRange(d) => Response::DeleteRange(w.delete_range(&d)?),
             Op::Txn(t) => Response::Txn(w.txn(&t)?),
@@ -98,7 +133,9 @@ impl KvStateMachine {
                     alarms,
                 })
             }
-        })
+            // Routed to the auth store above.
+            _ => return Ok(Err(AuthError::InvalidAuthMgmt.status())),
+        }))
     }
 }
 
@@ -119,9 +156,12 @@ impl StateMachine for KvStateMachine {
                 out.push(Ok(Response::None));
                 continue;
             };
-            let op = match InternalRequest::decode(data) {
-                Ok(InternalRequest { op: Some(op) }) => op,
-                Ok(InternalRequest { op: None }) | Err(_) => {
+            let (op, header) = match InternalRequest::decode(data) {
+                Ok(InternalRequest {
+                    op: Some(op),
+                    header,
+                }) => (op, header),
+                Ok(InternalRequest { op: None, .. }) | Err(_) => {
                     // Written by a newer kvd, or damaged: refuse it, the same on every member.
                     tracing::error!(index = c.index, "entry holds no request kvd knows; skipped");
                     out.push(Err(tonic::Status::internal(format!(
@@ -131,8 +171,14 @@ impl StateMachine for KvStateMachine {
                     continue;
                 }
             };
-            match self.apply_one(&mut w, store.rev(), op) {
-                Ok(r) => out.push(Ok(r)),
+            if let Some(h) = &header {
+                if let Err(e) = self.permitted(&w, h, &op) {
+                    out.push(Err(e.status()));
+                    continue;
+                }
+            }
+            match self.apply_one(&mut w, store.rev(), op, c.index) {
+                Ok(r) => out.push(r),
                 Err(e) if fatal(&e) => return Err(io_err(e)),
                 Err(e) => out.push(Err(error::mvcc(&e))),
             }
@@ -160,5 +206,162 @@ impl StateMachine for KvStateMachine {
         self.backend.restore(data, mvcc::Applied { index, term })?;
         tracing::info!(index, term, "restored the store from a snapshot");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Tokens;
+    use crate::request::RequestHeader;
+    use api::authpb::{permission::Type as PermType, Permission};
+    use api::etcdserverpb::{
+        AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+        AuthUserGrantRoleRequest, AuthUserRevokeRoleRequest, PutRequest,
+    };
+
+    /// Applies `ops` in order (with each `who`, None for the member's own), one per entry.
+    fn apply(
+        sm: &mut KvStateMachine,
+        first: u64,
+        ops: Vec<(Op, Option<&str>, u64)>,
+    ) -> Vec<Applied> {
+        let entries: Vec<Vec<u8>> = ops
+            .into_iter()
+            .map(|(op, who, rev)| match who {
+                None => InternalRequest::encode(op),
+                Some(u) => InternalRequest::encode_from(
+                    op,
+                    RequestHeader {
+                        username: u.into(),
+                        auth_revision: rev,
+                    },
+                ),
+            })
+            .collect();
+        let batch: Vec<Committed<'_>> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Committed {
+                index: first + i as u64,
+                term: 1,
+                data: Some(d),
+            })
+            .collect();
+        sm.apply(&batch).unwrap()
+    }
+
+    fn put(key: &str) -> Op {
+        Op::Put(PutRequest {
+            key: key.into(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        })
+    }
+
+    /// A request checked when proposed is checked again when applied: a role revoked in
+    /// between (an entry before it in the log) is honoured, on every member alike.
+    #[test]
+    fn applying_checks_the_caller_against_the_auth_store_of_that_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(Backend::open(dir.path().join("db"), Default::default()).unwrap());
+        let auth = Arc::new(Auth::new(Tokens::None, 4, false));
+        let mut sm = KvStateMachine::new(backend.clone(), auth);
+        let user = |name: &str| {
+            Op::UserAdd(AuthUserAddRequest {
+                name: name.into(),
+                options: Some(api::authpb::UserAddOptions { no_password: true }),
+                ..Default::default()
+            })
+        };
+        let grant = |user: &str, role: &str| {
+            Op::UserGrantRole(AuthUserGrantRoleRequest {
+                user: user.into(),
+                role: role.into(),
+            })
+        };
+        let setup = vec![
+            (user("root"), None, 0),
+            (grant("root", "root"), None, 0),
+            (user("alice"), None, 0),
+            (
+                Op::RoleAdd(AuthRoleAddRequest { name: "a".into() }),
+                None,
+                0,
+            ),
+            (
+                Op::RoleGrantPermission(AuthRoleGrantPermissionRequest {
+                    name: "a".into(),
+                    perm: Some(Permission {
+                        perm_type: PermType::Readwrite as i32,
+                        key: b"/a/".to_vec(),
+                        range_end: b"/a0".to_vec(),
+                    }),
+                }),
+                None,
+                0,
+            ),
+            (grant("alice", "a"), None, 0),
+            (Op::AuthEnable(AuthEnableRequest {}), None, 0),
+        ];
+        for r in apply(&mut sm, 1, setup) {
+            r.unwrap();
+        }
+        let rev = backend.store().auth().revision;
+        let code = |r: &Applied| r.as_ref().err().map(|s| s.message().to_string());
+        let out = apply(
+            &mut sm,
+            10,
+            vec![
+                (put("/a/1"), Some("alice"), rev),
+                (put("/b"), Some("alice"), rev),
+                (put("/a/2"), Some(""), 0),
+                (put("/a/3"), Some("alice"), rev - 1),
+                // Root takes the role away; alice's next write, checked (and proposed)
+                // before that, is refused as it is applied.
+                (
+                    Op::UserRevokeRole(AuthUserRevokeRoleRequest {
+                        name: "alice".into(),
+                        role: "a".into(),
+                    }),
+                    Some("root"),
+                    rev,
+                ),
+                (put("/a/4"), Some("alice"), rev),
+                (put("/a/5"), Some("alice"), rev + 1),
+                (put("/x"), None, 0),
+            ],
+        );
+        let got: Vec<Option<String>> = out.iter().map(code).collect();
+        assert_eq!(
+            got,
+            [
+                None,
+                Some("etcdserver: permission denied".into()),
+                Some("etcdserver: user name is empty".into()),
+                Some("etcdserver: revision of auth store is old".into()),
+                None,
+                Some("etcdserver: revision of auth store is old".into()),
+                Some("etcdserver: permission denied".into()),
+                None,
+            ]
+        );
+        let store = backend.store();
+        let r = store
+            .read()
+            .unwrap()
+            .range(&api::etcdserverpb::RangeRequest {
+                key: b"/".to_vec(),
+                range_end: b"0".to_vec(),
+                keys_only: true,
+                ..Default::default()
+            })
+            .unwrap();
+        let keys: Vec<_> = r
+            .kvs
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect();
+        assert_eq!(keys, ["/a/1", "/x"], "alice's refused writes left nothing");
     }
 }

@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Checks, Creds, Need};
 use crate::server::Core;
 
 /// Responses buffered toward one client before the stream waits for it.
@@ -51,6 +52,8 @@ type Out = mpsc::Sender<Result<WatchResponse, Status>>;
 
 struct StreamState {
     core: Arc<Core>,
+    /// Who the stream is from: each watcher created is checked against it.
+    creds: Creds,
     ws: WatchStream,
     opts: Mutex<Opts>,
 }
@@ -66,6 +69,21 @@ impl StreamState {
         let rev = self.ws.rev();
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => {
+                if let Err(s) = self.permitted(&c).await {
+                    // etcd's refusal: a created-and-canceled response with grpc-go's text.
+                    let resp = WatchResponse {
+                        watch_id: -1,
+                        created: true,
+                        canceled: true,
+                        cancel_reason: format!(
+                            "rpc error: code = {:?} desc = {}",
+                            s.code(),
+                            s.message()
+                        ),
+                        ..Default::default()
+                    };
+                    return self.send(out, resp, rev).await;
+                }
                 let r = self.ws.watch(&c);
                 let mut resp = WatchResponse {
                     created: true,
@@ -114,6 +132,15 @@ impl StreamState {
             }
             None => true,
         }
+    }
+
+    /// Whether the stream's caller may read what watcher `c` would see.
+    async fn permitted(&self, c: &api::etcdserverpb::WatchCreateRequest) -> Result<(), Status> {
+        let who = self.core.identify(&self.creds).await?;
+        // As etcd: an empty key is the smallest one.
+        let key: &[u8] = if c.key.is_empty() { &[0] } else { &c.key };
+        self.core
+            .permitted(who.as_ref(), |chk| chk.need(Need::Read, key, &c.range_end))
     }
 
     /// Sends one mvcc response, fragmented when the watcher asked and it is large.
@@ -184,7 +211,8 @@ impl Watch for WatchService {
         &self,
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(self.open(req.into_inner())))
+        let creds = Creds::of(&req);
+        Ok(Response::new(self.open(req.into_inner(), creds)))
     }
 }
 
@@ -192,7 +220,7 @@ impl WatchService {
     /// Serves one watch stream whose requests come from `input` (a gRPC stream, or the JSON
     /// gateway's). As etcd, the stream goes on after the client closes its side, until the
     /// client drops the responses.
-    pub(crate) fn open<S>(&self, mut input: S) -> WatchOut
+    pub(crate) fn open<S>(&self, mut input: S, creds: Creds) -> WatchOut
     where
         S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
     {
@@ -202,6 +230,7 @@ impl WatchService {
         generation.mark_unchanged();
         let st = Arc::new(StreamState {
             core: self.core.clone(),
+            creds,
             ws: store.watch_stream(),
             opts: Mutex::new(Opts::default()),
         });

@@ -347,6 +347,7 @@ where
                     method,
                     body: Vec::new(),
                     timeout: fields.timeout(),
+                    headers: fields.into_regular(),
                 };
                 self.streams.insert(id, s);
                 if p.end_stream {
@@ -367,7 +368,8 @@ where
                 if p.end_stream {
                     io.deliver(|st| st.recv_end = true);
                 }
-                let req = req.map(|()| RecvBody::new(Some(io.clone())));
+                let mut req = req.map(|()| RecvBody::new(Some(io.clone())));
+                req.extensions_mut().extend(self.extensions.clone());
                 s.kind = Kind::Bridged(io.clone());
                 self.streams.insert(id, s);
                 bridge::spawn(self.svc.clone(), req, io, timeout);
@@ -386,9 +388,11 @@ where
                 method,
                 body,
                 timeout,
+                headers,
             } => match grpc::unary_message(&body) {
                 Ok(msg) => {
-                    let fut = self.unary.call(method, msg);
+                    let head = crate::CallHead::new(&headers, &self.extensions);
+                    let fut = self.unary.call(method, msg, head);
                     let timer = timeout.map(|d| Box::pin(tokio::time::sleep(d)));
                     let cancel = Arc::new(Cancel::default());
                     s.kind = Kind::Called(Some(cancel.clone()));

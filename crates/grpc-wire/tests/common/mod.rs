@@ -30,7 +30,7 @@ impl grpc_wire::Unary for Echo {
         (path == b"/t.S/Echo").then_some(0)
     }
 
-    fn call(&self, _: usize, msg: Bytes) -> grpc_wire::UnaryFuture {
+    fn call(&self, _: usize, msg: Bytes, _: grpc_wire::CallHead<'_>) -> grpc_wire::UnaryFuture {
         Box::pin(std::future::ready(Ok(msg)))
     }
 }
@@ -157,6 +157,7 @@ pub fn connect(
         Arc::new(cfg),
         Arc::new(Echo),
         Drain,
+        Default::default(),
         std::future::pending(),
     ));
     (client, conn)

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -79,6 +81,15 @@ impl Addrs {
         }
     }
 
+    /// A member whose client and peer URLs are `https://`.
+    pub fn new_tls(name: &str) -> Addrs {
+        let mut m = Addrs::new(name);
+        for u in [&mut m.client, &mut m.peer, &mut m.peer_listen] {
+            *u = u.replacen("http://", "https://", 1);
+        }
+        m
+    }
+
     /// The same member behind a proxy for its inbound peer traffic: the others dial the proxy.
     pub fn behind_proxy(name: &str) -> (Addrs, Proxy) {
         let mut m = Addrs::new(name);
@@ -87,9 +98,23 @@ impl Addrs {
         (m, proxy)
     }
 
-    /// The endpoint etcdctl takes (host:port).
+    /// The endpoint etcdctl takes: host:port, or the https:// URL.
     pub fn endpoint(&self) -> String {
         self.client.trim_start_matches("http://").to_string()
+    }
+
+    /// host:port of the client URL.
+    pub fn client_hostport(&self) -> String {
+        self.client
+            .split_once("://")
+            .map_or(&*self.client, |(_, h)| h)
+            .to_string()
+    }
+
+    /// host:port of the peer URL the member listens on.
+    pub fn peer_hostport(&self) -> String {
+        let u = &self.peer_listen;
+        u.split_once("://").map_or(&**u, |(_, h)| h).to_string()
     }
 }
 
@@ -107,6 +132,8 @@ pub struct Proc {
     pub child: Option<Child>,
     pub addrs: Addrs,
     pub log: PathBuf,
+    /// etcdctl flags this member needs (TLS, a user), used by [`Proc::wait_ready`].
+    pub ctl_flags: Vec<String>,
 }
 
 impl Proc {
@@ -149,6 +176,7 @@ impl Proc {
             child: Some(child),
             addrs: m.clone(),
             log,
+            ctl_flags: Vec::new(),
         }
     }
 
@@ -232,8 +260,10 @@ impl Proc {
     /// Waits until the member answers a linearizable read (it has a leader).
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut args: Vec<&str> = self.ctl_flags.iter().map(String::as_str).collect();
+        args.extend(["get", "x"]);
         loop {
-            let out = ctl(&self.addrs.endpoint(), &["get", "x"]);
+            let out = ctl(&self.addrs.endpoint(), &args);
             if out.status.success() {
                 return;
             }
@@ -439,12 +469,25 @@ pub fn assert_same_answers(want: &[String], got: &[String]) {
 
 /// A GET over HTTP/1.1: (status code, body).
 pub fn http_get(client_url: &str, path: &str) -> (u16, String) {
+    http_request(client_url, "GET", path, &[], "")
+}
+
+/// An HTTP/1.1 request with `headers` (`name: value`) and `body`: (status code, body).
+pub fn http_request(
+    client_url: &str,
+    method: &str,
+    path: &str,
+    headers: &[String],
+    body: &str,
+) -> (u16, String) {
     let addr = client_url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     use std::io::{Read, Write};
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut resp = String::new();
@@ -475,4 +518,65 @@ pub fn json_number(json: &str, field: &str) -> Option<u64> {
         .collect::<String>()
         .parse()
         .ok()
+}
+
+/// Replaces what differs between two servers by design: member, cluster and lease ids, the
+/// endpoint, raft terms and clocks.
+pub fn normalize(s: &str, endpoint: &str) -> String {
+    let s = s.replace(endpoint, "<endpoint>");
+    let mut out = String::new();
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        // Ids print as 16 hex digits (or as 19-20 decimal ones in JSON); a hash as decimal.
+        let hexish = token.len() >= 12
+            && token.chars().all(|c| c.is_ascii_hexdigit())
+            && (token.len() >= 15 || token.chars().any(|c| c.is_ascii_alphabetic()));
+        let id_number = token.len() >= 15 && token.chars().all(|c| c.is_ascii_digit());
+        if hexish || id_number {
+            out.push_str("<id>");
+        } else {
+            out.push_str(token);
+        }
+        token.clear();
+    };
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    // A lease's remaining TTL depends on when it is asked; raft terms on elections.
+    let mut lines = Vec::new();
+    for l in out.lines() {
+        // The client's retry warnings carry a clock and a pointer: keep their error only.
+        if l.starts_with("{\"level\":\"warn\"") {
+            let err = l.split("\"error\":").nth(1).unwrap_or_default();
+            lines.push(format!("<client warning: {err}"));
+            continue;
+        }
+        let l = match l.find("remaining(") {
+            Some(i) => format!(
+                "{}remaining(N){}",
+                &l[..i],
+                &l[l[i..].find(')').map_or(l.len(), |j| i + j + 1)..]
+            ),
+            None => l.to_string(),
+        };
+        lines.push(without_json_field(&l, "raft_term"));
+    }
+    lines.join("\n")
+}
+
+/// Drops `"field":<number>` from JSON output.
+pub fn without_json_field(l: &str, field: &str) -> String {
+    let pat = format!("\"{field}\":");
+    let Some(i) = l.find(&pat) else {
+        return l.to_string();
+    };
+    let rest = &l[i + pat.len()..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    format!("{}\"{field}\":N{}", &l[..i], &rest[end..])
 }
