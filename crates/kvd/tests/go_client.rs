@@ -1,43 +1,112 @@
 //! Go's clientv3 and its concurrency package (mutex, election, STM) against kvd: runs the Go
-//! test module in `tests/clients/go` with a kvd process's endpoint.
+//! test module in `tests/clients/go` with a kvd process's endpoint — in the clear, and over
+//! mutual TLS as a user of an auth-enabled kvd.
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::Proc;
+use common::pki::Ca;
+use common::{Addrs, Proc};
 
-#[test]
-fn go_clientv3_and_concurrency_work_against_kvd() {
-    let dir = tempfile::tempdir().unwrap();
-    let (m, _kvd) = Proc::single_kvd(dir.path());
+/// `go test` of the module with `env`; its output, asserting that every test in `tests` passed.
+fn go_test(env: &[(&str, String)], tests: &[&str]) -> String {
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/go");
     let out = Command::new("go")
         .args(["test", "-count=1", "-v", "./..."])
         .current_dir(&module)
-        .env("KVD_ENDPOINTS", m.endpoint())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("GOFLAGS", "-mod=mod")
         .output()
         .expect("run go test (is Go installed?)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
         "go test failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     // Every test ran (none skipped for want of the endpoint).
-    for t in [
-        "TestKVTxnAndErrors",
-        "TestWatchAndLease",
-        "TestLeaseExpires",
-        "TestMutexExcludes",
-        "TestElection",
-        "TestSTMTransfersConserveTheTotal",
-    ] {
+    for t in tests {
         assert!(
             stdout.contains(&format!("--- PASS: {t}")),
             "{t} did not pass:\n{stdout}"
         );
     }
+    stdout
+}
+
+const ALL: &[&str] = &[
+    "TestKVTxnAndErrors",
+    "TestWatchAndLease",
+    "TestLeaseExpires",
+    "TestMutexExcludes",
+    "TestElection",
+    "TestSTMTransfersConserveTheTotal",
+];
+
+#[test]
+fn go_clientv3_and_concurrency_work_against_kvd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let out = go_test(&[("KVD_ENDPOINTS", m.endpoint())], ALL);
+    assert!(out.contains("--- SKIP: TestAuthTypedErrors"), "{out}");
+}
+
+#[test]
+fn go_clientv3_works_over_mutual_tls_as_a_user_of_an_auth_enabled_kvd() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let client = ca.issue("client", "client");
+    let m = Addrs::new_tls("default");
+    let m = Addrs {
+        peer: m.peer.replacen("https", "http", 1),
+        peer_listen: m.peer_listen.replacen("https", "http", 1),
+        ..m
+    };
+    let flags = [
+        format!("--cert-file={}", server.cert.display()),
+        format!("--key-file={}", server.key.display()),
+        format!("--trusted-ca-file={}", ca.cert.display()),
+        "--client-cert-auth".to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut kvd = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &flags,
+    );
+    kvd.ctl_flags = client.ctl_flags(&ca.cert);
+    kvd.ctl_flags
+        .extend(["--user".to_string(), "root:rootpw".to_string()]);
+    kvd.wait_ready();
+    let tls = client.ctl_flags(&ca.cert);
+    for cmd in [
+        "user add root --new-user-password=rootpw",
+        "role add root",
+        "user grant-role root root",
+        "user add guest --new-user-password=guestpw",
+        "auth enable",
+    ] {
+        let mut args: Vec<&str> = tls.iter().map(String::as_str).collect();
+        args.extend(cmd.split_whitespace());
+        common::ctl_ok(&m.endpoint(), &args);
+    }
+    let mut tests = ALL.to_vec();
+    tests.push("TestAuthTypedErrors");
+    go_test(
+        &[
+            ("KVD_ENDPOINTS", m.endpoint()),
+            ("KVD_CACERT", ca.cert.display().to_string()),
+            ("KVD_CERT", client.cert.display().to_string()),
+            ("KVD_KEY", client.key.display().to_string()),
+            ("KVD_USER", "root".into()),
+            ("KVD_PASSWORD", "rootpw".into()),
+            ("KVD_OTHER_USER", "guest:guestpw".into()),
+        ],
+        &tests,
+    );
 }

@@ -1,13 +1,15 @@
 //! jetcd — Java's etcd client, Vert.x gRPC over Netty's HTTP/2 — against kvd and, with the
 //! same expectations, against etcd: the JUnit tests of `tests/clients/java` (KV, Txn and
 //! etcd's errors, a 1 MiB value, 200 calls at once on one connection, Watch, Lease, Lock and
-//! Election), run by Maven with its downloads and build under target/.
+//! Election), run by Maven with its downloads and build under target/ — in the clear and over
+//! mutual TLS.
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
+use common::pki::Ca;
 use common::{run, Proc};
 
 #[test]
@@ -15,6 +17,11 @@ fn jetcd_works_against_kvd_as_against_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
     let (e, _etcd) = Proc::single_etcd(dir.path());
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let client = ca.issue("client", "client");
+    let (kt, _kvd_tls) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &client);
+    let (et, _etcd_tls) = Proc::single_etcd_tls(dir.path(), &server, &ca.cert, &client);
 
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let build = tmp.join("java-client");
@@ -28,17 +35,19 @@ fn jetcd_works_against_kvd_as_against_etcd() {
             .arg(format!("-Dmaven.repo.local={}", tmp.join("m2").display()))
             .arg(format!("-Dkvd.build.dir={}", build.display()))
             .arg(format!(
-                "-Dendpoints=kvd=http://{},etcd=http://{}",
-                k.endpoint(),
-                e.endpoint()
-            )),
+                "-Dendpoints=kvd={},etcd={},kvd-tls={},etcd-tls={}",
+                k.client, e.client, kt.client, et.client
+            ))
+            .arg(format!("-Dtls.cacert={}", ca.cert.display()))
+            .arg(format!("-Dtls.cert={}", client.cert.display()))
+            .arg(format!("-Dtls.key={}", client.key.display())),
         "mvn test (are Java 17 and Maven installed?)",
     );
-    // Every test ran, against both servers.
+    // Every test ran, against the four servers.
     let report = std::fs::read_to_string(reports.join("TEST-kvd.JetcdTest.xml")).unwrap();
     let suite = report.lines().find(|l| l.contains("<testsuite ")).unwrap();
     for want in [
-        r#"tests="10""#,
+        r#"tests="20""#,
         r#"failures="0""#,
         r#"errors="0""#,
         r#"skipped="0""#,

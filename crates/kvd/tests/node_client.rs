@@ -9,6 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::pki::Ca;
 use common::{run, Addrs, Proc};
 
 /// `node_modules` with the locked packages, installed once per target directory (again when
@@ -34,13 +35,15 @@ fn node_modules() -> PathBuf {
     dir.join("node_modules")
 }
 
-fn client_against(server: &Addrs, what: &str) {
+/// Runs the client against `server` (with `env`: the TLS files, for an https one).
+fn client_against(server: &Addrs, what: &str, env: &[(&str, String)]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new("node")
         .arg(root.join("tests/clients/node/test_client.js"))
         .env("NODE_PATH", node_modules())
         .env("PROTO_DIR", root.join("proto"))
-        .env("KVD_ENDPOINT", server.endpoint())
+        .env("KVD_ENDPOINT", server.client_hostport())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("run node");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -54,9 +57,24 @@ fn client_against(server: &Addrs, what: &str) {
 #[test]
 fn a_node_grpc_js_client_works_against_kvd_as_against_etcd() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, _kvd) = Proc::single_kvd(dir.path());
-    client_against(&m, "kvd");
+    let (m, kvd) = Proc::single_kvd(dir.path());
+    client_against(&m, "kvd", &[]);
+    drop(kvd);
+    let (e, etcd) = Proc::single_etcd(dir.path());
+    client_against(&e, "etcd", &[]);
+    drop(etcd);
 
-    let (e, _etcd) = Proc::single_etcd(dir.path());
-    client_against(&e, "etcd");
+    // Over mutual TLS: Node's TLS (OpenSSL) against kvd's rustls, and against etcd.
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let client = ca.issue("client", "client");
+    let env = [
+        ("KVD_CACERT", ca.cert.display().to_string()),
+        ("KVD_CERT", client.cert.display().to_string()),
+        ("KVD_KEY", client.key.display().to_string()),
+    ];
+    let (m, _kvd) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &client);
+    client_against(&m, "kvd over TLS", &env);
+    let (e, _etcd) = Proc::single_etcd_tls(dir.path(), &server, &ca.cert, &client);
+    client_against(&e, "etcd over TLS", &env);
 }

@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::pki::Ca;
 use common::{run, Proc};
 
 /// A virtualenv with grpcio-tools, made once per target directory.
@@ -31,6 +32,25 @@ fn venv() -> PathBuf {
     python
 }
 
+/// Runs the client script against `endpoint` with `env`, asserting it passed.
+fn run_client(python: &Path, gen: &Path, endpoint: String, env: &[(&str, String)]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(python)
+        .arg(root.join("tests/clients/python/test_client.py"))
+        .env("GEN_DIR", gen)
+        .env("KVD_ENDPOINT", endpoint)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("KV, Watch and Lease OK"));
+}
+
 #[test]
 fn a_python_client_generated_from_our_protos_uses_kv_watch_and_lease() {
     let python = venv();
@@ -51,18 +71,19 @@ fn a_python_client_generated_from_our_protos_uses_kv_watch_and_lease() {
             ]),
         "generate the Python client",
     );
-    let (m, _kvd) = Proc::single_kvd(dir.path());
-    let out = Command::new(&python)
-        .arg(root.join("tests/clients/python/test_client.py"))
-        .env("GEN_DIR", &gen)
-        .env("KVD_ENDPOINT", m.endpoint())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("KV, Watch and Lease OK"));
+    let (m, kvd) = Proc::single_kvd(dir.path());
+    run_client(&python, &gen, m.endpoint(), &[]);
+    drop(kvd);
+
+    // Over mutual TLS (gRPC C-core's TLS against kvd's rustls).
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let client = ca.issue("client", "client");
+    let (m, _kvd) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &client);
+    let env = [
+        ("KVD_CACERT", ca.cert.display().to_string()),
+        ("KVD_CERT", client.cert.display().to_string()),
+        ("KVD_KEY", client.key.display().to_string()),
+    ];
+    run_client(&python, &gen, m.client_hostport(), &env);
 }

@@ -1,5 +1,7 @@
 // Go's clientv3 (etcd v3.6.5) and its concurrency package against a running kvd. The Rust test
-// crates/kvd/tests/go_client.rs starts kvd and runs `go test` here with KVD_ENDPOINTS set.
+// crates/kvd/tests/go_client.rs starts kvd and runs `go test` here with KVD_ENDPOINTS set, and
+// again over mutual TLS (KVD_CACERT, KVD_CERT, KVD_KEY) as a user (KVD_USER, KVD_PASSWORD),
+// with a user who may not touch the test's keys (KVD_OTHER_USER, user:password).
 package clients
 
 import (
@@ -13,21 +15,76 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 func client(t *testing.T) *clientv3.Client {
+	return clientAs(t, os.Getenv("KVD_USER"), os.Getenv("KVD_PASSWORD"))
+}
+
+// config: KVD_ENDPOINTS as user (none if ""), over TLS if KVD_CACERT is set.
+func config(t *testing.T, user, password string) clientv3.Config {
 	eps := os.Getenv("KVD_ENDPOINTS")
 	if eps == "" {
 		t.Skip("KVD_ENDPOINTS is not set: run through crates/kvd/tests/go_client.rs")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: 5 * time.Second})
+	cfg := clientv3.Config{
+		Endpoints:   strings.Split(eps, ","),
+		DialTimeout: 5 * time.Second,
+		Username:    user,
+		Password:    password,
+	}
+	if ca := os.Getenv("KVD_CACERT"); ca != "" {
+		info := transport.TLSInfo{
+			TrustedCAFile: ca,
+			CertFile:      os.Getenv("KVD_CERT"),
+			KeyFile:       os.Getenv("KVD_KEY"),
+		}
+		tlsCfg, err := info.ClientConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	return cfg
+}
+
+func clientAs(t *testing.T, user, password string) *clientv3.Client {
+	c, err := clientv3.New(config(t, user, password))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// With auth on: etcd's typed errors for a wrong password and for a user without the
+// permission, while the test's own user writes.
+func TestAuthTypedErrors(t *testing.T) {
+	other := os.Getenv("KVD_OTHER_USER")
+	if other == "" {
+		t.Skip("KVD_OTHER_USER is not set: auth is off in this run")
+	}
+	x := ctx(t)
+	name, password, _ := strings.Cut(other, ":")
+	if c, err := clientv3.New(config(t, name, password+"-wrong")); !errors.Is(err, rpctypes.ErrAuthFailed) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("wrong password: %v", err)
+	}
+	c := clientAs(t, name, password)
+	if _, err := c.Put(x, "goauth/k", "v"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("put without the permission: %v", err)
+	}
+	if _, err := c.Get(x, "goauth/k"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("get without the permission: %v", err)
+	}
+	if _, err := client(t).Put(x, "goauth/k", "v"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func ctx(t *testing.T) context.Context {

@@ -2,7 +2,8 @@
 // run time, against a running kvd.
 //
 // Run by crates/kvd/tests/node_client.rs, which installs the packages of package-lock.json and
-// passes the proto directory in PROTO_DIR and the endpoint in KVD_ENDPOINT. Exercises KV (with
+// passes the proto directory in PROTO_DIR and the endpoint in KVD_ENDPOINT (and, for mutual TLS,
+// the PEM files in KVD_CACERT, KVD_CERT and KVD_KEY). Exercises KV (with
 // etcd's errors, messages over HTTP/2's default windows, many calls at once on one connection),
 // Watch, Lease and a Snapshot stream; exits non-zero on any failure.
 'use strict';
@@ -22,7 +23,14 @@ const def = loader.loadSync(path.join(process.env.PROTO_DIR, 'etcd/api/etcdserve
 });
 const pb = grpc.loadPackageDefinition(def).etcdserverpb;
 const endpoint = process.env.KVD_ENDPOINT;
-const creds = grpc.credentials.createInsecure();
+// Mutual TLS when the harness gives the PEM files (KVD_CACERT, KVD_CERT, KVD_KEY).
+const fs = require('node:fs');
+const creds = process.env.KVD_CACERT
+  ? grpc.credentials.createSsl(
+      fs.readFileSync(process.env.KVD_CACERT),
+      fs.readFileSync(process.env.KVD_KEY),
+      fs.readFileSync(process.env.KVD_CERT))
+  : grpc.credentials.createInsecure();
 const kv = new pb.KV(endpoint, creds);
 const watch = new pb.Watch(endpoint, creds);
 const lease = new pb.Lease(endpoint, creds);

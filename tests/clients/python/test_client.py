@@ -1,7 +1,8 @@
 """A Python client generated from kvd's proto/ with grpcio-tools, against a running kvd.
 
 Run by crates/kvd/tests/python_client.rs, which generates the code into GEN_DIR and passes
-the endpoint in KVD_ENDPOINT. Exercises KV, Watch and Lease; exits non-zero on any failure.
+the endpoint in KVD_ENDPOINT (and, for mutual TLS, the PEM files in KVD_CACERT, KVD_CERT and
+KVD_KEY). Exercises KV, Watch and Lease; exits non-zero on any failure.
 """
 import os
 import queue
@@ -21,8 +22,26 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def channel():
+    endpoint = os.environ["KVD_ENDPOINT"]
+    ca = os.environ.get("KVD_CACERT")
+    if not ca:
+        return grpc.insecure_channel(endpoint)
+
+    def read(var):
+        with open(os.environ[var], "rb") as f:
+            return f.read()
+
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read("KVD_CACERT"),
+        private_key=read("KVD_KEY"),
+        certificate_chain=read("KVD_CERT"),
+    )
+    return grpc.secure_channel(endpoint, creds)
+
+
 def main():
-    ch = grpc.insecure_channel(os.environ["KVD_ENDPOINT"])
+    ch = channel()
     grpc.channel_ready_future(ch).result(timeout=10)
     kv, watch, lease = svc.KVStub(ch), svc.WatchStub(ch), svc.LeaseStub(ch)
 

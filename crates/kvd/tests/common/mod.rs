@@ -197,6 +197,66 @@ impl Proc {
         (m, p)
     }
 
+    /// A one-member kvd in `dir/kvd-tls` serving `server` on an https client URL (its peer
+    /// URL in the clear), requiring client certificates of `ca`; ready (checked with
+    /// `client`, which etcdctl presents through `ctl_flags`).
+    pub fn single_kvd_tls(
+        dir: &Path,
+        server: &pki::Pair,
+        ca: &Path,
+        client: &pki::Pair,
+    ) -> (Addrs, Proc) {
+        Proc::single_tls(
+            Path::new(kvd_bin()),
+            &dir.join("kvd-tls"),
+            server,
+            ca,
+            client,
+        )
+    }
+
+    /// The same with etcd, in `dir/etcd-tls`.
+    pub fn single_etcd_tls(
+        dir: &Path,
+        server: &pki::Pair,
+        ca: &Path,
+        client: &pki::Pair,
+    ) -> (Addrs, Proc) {
+        Proc::single_tls(
+            &tools().join("etcd"),
+            &dir.join("etcd-tls"),
+            server,
+            ca,
+            client,
+        )
+    }
+
+    fn single_tls(
+        bin: &Path,
+        dir: &Path,
+        server: &pki::Pair,
+        ca: &Path,
+        client: &pki::Pair,
+    ) -> (Addrs, Proc) {
+        let m = Addrs::new_tls("default");
+        let m = Addrs {
+            peer: m.peer.replacen("https://", "http://", 1),
+            peer_listen: m.peer_listen.replacen("https://", "http://", 1),
+            ..m
+        };
+        let flags = [
+            format!("--cert-file={}", server.cert.display()),
+            format!("--key-file={}", server.key.display()),
+            format!("--trusted-ca-file={}", ca.display()),
+            "--client-cert-auth".to_string(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut p = Proc::start(bin, &m, dir, std::slice::from_ref(&m), "new", &flags);
+        p.ctl_flags = client.ctl_flags(ca);
+        p.wait_ready();
+        (m, p)
+    }
+
     pub fn etcd(m: &Addrs, dir: &Path, all: &[Addrs], extra: &[&str]) -> Proc {
         Proc::start(&tools().join("etcd"), m, dir, all, "new", extra)
     }

@@ -26,6 +26,7 @@ import io.etcd.jetcd.options.PutOption;
 import io.etcd.jetcd.options.WatchOption;
 import io.etcd.jetcd.watch.WatchEvent;
 import io.grpc.Status;
+import java.io.File;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashSet;
@@ -43,8 +44,8 @@ import org.junit.jupiter.params.provider.MethodSource;
 /**
  * jetcd, Java's etcd client (Vert.x gRPC over Netty's HTTP/2), against every server named in
  * the system property {@code endpoints} ({@code name=http://host:port,...}: kvd and etcd, so
- * that each expectation here is also checked to be etcd's). Each test uses keys of its own
- * under the server's name.
+ * that each expectation here is also checked to be etcd's, in the clear and over mutual TLS
+ * at https:// endpoints). Each test uses keys of its own under the server's name.
  */
 class JetcdTest {
   static final long T = 20; // seconds
@@ -76,8 +77,16 @@ class JetcdTest {
     assertEquals(message, got.getDescription());
   }
 
-  static Client client(String endpoint) {
-    return Client.builder().endpoints(endpoint).build();
+  /** A client of {@code endpoint}; an https one over mutual TLS with the -Dtls.* files. */
+  static Client client(String endpoint) throws Exception {
+    var b = Client.builder().endpoints(endpoint);
+    if (endpoint.startsWith("https://")) {
+      File ca = new File(System.getProperty("tls.cacert"));
+      File cert = new File(System.getProperty("tls.cert"));
+      File key = new File(System.getProperty("tls.key"));
+      b = b.sslContext(ssl -> ssl.trustManager(ca).keyManager(cert, key));
+    }
+    return b.build();
   }
 
   @ParameterizedTest(name = "{0}")
