@@ -3,6 +3,8 @@
 # module proxy, once, into a cache, and prints the directory holding them. kvd's compatibility
 # tests run etcdctl against kvd and the same commands against etcd, and compare what they
 # print; the h2spec test runs the HTTP/2 conformance suite against kvd's client port.
+# With --with-benchmark it also builds etcd's `benchmark` load generator (for the comparison
+# scripts in this directory; the tests do not need it).
 #   KVD_ETCD_VERSION  (default v3.6.5)
 #   KVD_TOOLS_DIR     (default ~/.cache/kvd-tools)
 # Needs: go (and the module proxy). About a minute the first time, nothing after.
@@ -31,4 +33,7 @@ tool() {
 tool etcdctl go.etcd.io/etcd/etcdctl/v3 "$ver" go.etcd.io/etcd/etcdctl/v3
 tool etcd go.etcd.io/etcd/server/v3 "$ver" go.etcd.io/etcd/server/v3
 tool h2spec github.com/summerwind/h2spec v2.2.1+incompatible github.com/summerwind/h2spec/cmd/h2spec
+if [ "${1:-}" = --with-benchmark ]; then
+  tool benchmark go.etcd.io/etcd/v3 "$ver" go.etcd.io/etcd/v3/tools/benchmark
+fi
 echo "$bin"

@@ -53,6 +53,14 @@ pub struct RestoreFlags {
     pub initial_cluster_token: String,
     #[arg(long, default_value = "http://localhost:2380")]
     pub initial_advertise_peer_urls: String,
+    /// etcdctl's global TLS flags, accepted as `etcdctl snapshot restore` (etcd 3.5) took
+    /// them: a restore reads the file and contacts no server, so they are not used.
+    #[arg(long, default_value = "")]
+    pub cacert: String,
+    #[arg(long, default_value = "")]
+    pub cert: String,
+    #[arg(long, default_value = "")]
+    pub key: String,
 }
 
 /// The server's flags (etcd's, unless marked kvd's).

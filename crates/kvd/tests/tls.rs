@@ -633,6 +633,38 @@ fn a_cluster_over_peer_tls_refuses_a_member_with_a_certificate_of_another_ca() {
         p4.log_tail()
     );
     drop(p4);
+    let (_, list, _) = run(&eps[0], &ctl, &["member", "list"]);
+    let m4_id = list
+        .lines()
+        .find(|l| l.contains(&m4.peer))
+        .and_then(|l| l.split(',').next())
+        .unwrap()
+        .to_string();
+    assert_eq!(run(&eps[0], &ctl, &["member", "remove", &m4_id]).0, 0);
+
+    // One with a certificate of the cluster's CA joins over peer TLS and catches up.
+    let m5 = Addrs::new_tls("m5");
+    let add = [
+        "member",
+        "add",
+        "m5",
+        "--learner",
+        &format!("--peer-urls={}", m5.peer),
+    ];
+    procs[0].wait_for("the learner's addition", 20, || {
+        run(&eps[0], &ctl, &add).0 == 0
+    });
+    let mut all = ms.clone();
+    all.push(m5.clone());
+    let pair = ca.issue("m5", "member");
+    let mut flags = client_tls(&pair, &ca.cert);
+    flags.extend(peer_tls(&pair, &ca.cert));
+    flags.push("--peer-cert-allowed-cn=member".into());
+    let p5 = Proc::kvd(&m5, &dir.path().join("m5"), &all, "existing", &strs(&flags));
+    p5.wait_for("m5 to catch up over peer TLS", 30, || {
+        let get = ["get", "k", "--consistency=s", "--print-value-only"];
+        run(&m5.endpoint(), &ctl, &get).1.trim() == "v"
+    });
     drop(procs);
 }
 
@@ -662,4 +694,45 @@ fn a_peer_certificate_renewed_on_disk_is_served_to_new_peer_connections() {
         let (_, out, _) = run(ep, &ctl, &["get", "after", "--print-value-only"]);
         assert_eq!(out.trim(), "renewal");
     }
+}
+
+#[test]
+fn a_snapshot_saved_over_tls_restores_with_etcdctls_tls_flags_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let alice = ca.issue("alice", "alice");
+    let (k, _kvd) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &alice);
+    let ctl = alice.ctl_flags(&ca.cert);
+    assert_eq!(run(&k.endpoint(), &ctl, &["put", "saved", "over-tls"]).0, 0);
+    let file = dir.path().join("snap.db");
+    let (code, out, err) = run(
+        &k.endpoint(),
+        &ctl,
+        &["snapshot", "save", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    // etcdctl's global flags are taken (a restore contacts no server).
+    let r = Addrs::new("restored");
+    let data = dir.path().join("restored");
+    let out = std::process::Command::new(common::kvd_bin())
+        .args(["snapshot", "restore"])
+        .arg(&file)
+        .args(strs(&ctl))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--name", &r.name])
+        .args(["--initial-cluster", &format!("{}={}", r.name, r.peer)])
+        .args(["--initial-advertise-peer-urls", &r.peer])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut p = Proc::kvd(&r, &data, std::slice::from_ref(&r), "new", &[]);
+    p.wait_ready();
+    let got = common::ctl_ok(&r.endpoint(), &["get", "saved", "--print-value-only"]);
+    assert_eq!(got.trim(), "over-tls");
 }
