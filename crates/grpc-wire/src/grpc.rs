@@ -66,6 +66,59 @@ pub fn too_large(found: usize, limit: usize) -> Status {
     ))
 }
 
+/// tonic's status for a message over its receive limit ("Error, decoded message length too
+/// large: found N bytes, the limit is: M bytes"), rewritten in a response's `headers` to
+/// grpc-go's (etcd's) code and text, so clients see the same from every service.
+pub fn rewrite_limit_status(headers: &mut http::HeaderMap) {
+    const TONIC: &str = "Error, decoded message length too large: found ";
+    let msg = match headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
+        Some(m) if headers.get("grpc-status").is_some_and(|v| v == "11") => m
+            .replace("%20", " ")
+            .replace("%3A", ":")
+            .replace("%2C", ","),
+        _ => return,
+    };
+    if !msg.starts_with(TONIC) {
+        return;
+    }
+    // "found N bytes, the limit is: M bytes" → "(N vs. M)".
+    let nums: Vec<&str> = msg
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let status = match nums.as_slice() {
+        [found, limit] => found.parse().ok().zip(limit.parse().ok()),
+        _ => None,
+    }
+    .map_or_else(
+        || Status::resource_exhausted("grpc: received message larger than max"),
+        |(found, limit)| too_large(found, limit),
+    );
+    headers.remove("grpc-message");
+    headers.remove("grpc-status");
+    for (name, v) in status_fields(&status).iter() {
+        headers.insert(name, v.clone());
+    }
+}
+
+/// What a server answers a request no route has: a gRPC call (by its content type) gets
+/// grpc-go's UNIMPLEMENTED "unknown service", anything else HTTP 404 (as Go's HTTP server).
+pub fn fallback<B: Default + From<&'static str>>(
+    headers: &http::HeaderMap,
+    path: &str,
+) -> http::Response<B> {
+    let grpc = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        return Status::unimplemented(format!("unknown service {path}")).into_http::<B>();
+    }
+    let mut r = http::Response::new(B::from("404 page not found\n"));
+    *r.status_mut() = http::StatusCode::NOT_FOUND;
+    r
+}
+
 /// A status as trailer fields: grpc-status, grpc-message (percent-encoded) and whatever
 /// details and metadata it carries, as tonic writes them.
 pub(crate) fn status_fields(status: &Status) -> http::HeaderMap {
@@ -81,6 +134,36 @@ pub(crate) fn status_fields(status: &Status) -> http::HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tonics_limit_status_reads_as_grpc_gos() {
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", "11".parse().unwrap());
+        h.insert(
+            "grpc-message",
+            "Error,%20decoded%20message%20length%20too%20large:%20found%2010%20bytes,%20the%20limit%20is:%204%20bytes"
+                .parse()
+                .unwrap(),
+        );
+        rewrite_limit_status(&mut h);
+        assert_eq!(h["grpc-status"], "8");
+        let m = h["grpc-message"].to_str().unwrap().replace("%20", " ");
+        assert_eq!(m, "grpc: received message larger than max (10 vs. 4)");
+        let mut other = http::HeaderMap::new();
+        other.insert("grpc-status", "11".parse().unwrap());
+        other.insert("grpc-message", "out%20of%20range".parse().unwrap());
+        rewrite_limit_status(&mut other);
+        assert_eq!(other["grpc-status"], "11");
+        let mut ct = http::HeaderMap::new();
+        ct.insert(
+            http::header::CONTENT_TYPE,
+            "application/grpc+proto".parse().unwrap(),
+        );
+        let r: http::Response<String> = fallback(&ct, "/x.Y/Z");
+        assert_eq!(r.headers()["grpc-status"], "12");
+        let r: http::Response<String> = fallback(&http::HeaderMap::new(), "/x");
+        assert_eq!(r.status(), http::StatusCode::NOT_FOUND);
+    }
 
     #[test]
     fn timeouts() {

@@ -40,7 +40,7 @@ use bytes::Bytes;
 pub use bridge::RecvBody;
 pub use conn::serve;
 pub use frame::Reason;
-pub use grpc::too_large;
+pub use grpc::{fallback, rewrite_limit_status, too_large};
 pub use sniff::{sniff, Protocol, Rewind};
 
 /// A unary call's answer: the encoded response message, or a gRPC status.

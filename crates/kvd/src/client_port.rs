@@ -37,29 +37,79 @@ pub struct Mode {
     pub plain: bool,
 }
 
-/// The routers and calls a listener chooses from.
+/// The routers and calls a listener chooses from: a member's client port, or a proxy's.
 #[derive(Debug, Clone)]
 pub struct Port {
-    pub client: rpc::ClientPort,
+    /// Every gRPC service and every HTTP route.
+    pub router: axum::Router,
+    /// The gRPC services alone, and the HTTP routes alone (etcd splits them with
+    /// `--listen-client-http-urls`).
+    pub grpc_router: axum::Router,
+    pub http_router: axum::Router,
+    /// `/metrics` and the health endpoints (`--listen-metrics-urls`, `--metrics-addr`).
     pub metrics: axum::Router,
+    /// The unary calls the connection answers itself.
+    pub unary: Arc<dyn grpc_wire::Unary>,
+    pub config: Arc<grpc_wire::Config>,
 }
 
 impl Port {
+    /// A member's client port.
+    pub fn member(client: rpc::ClientPort, metrics: axum::Router) -> Port {
+        Port {
+            router: client.router,
+            grpc_router: client.grpc_router,
+            http_router: client.http_router,
+            metrics,
+            unary: client.unary,
+            config: client.config,
+        }
+    }
+
     fn router(&self, t: Traffic) -> axum::Router {
         match t {
-            Traffic::Both => self.client.router.clone(),
-            Traffic::Grpc => self.client.grpc_router.clone(),
-            Traffic::Http => self.client.http_router.clone(),
+            Traffic::Both => self.router.clone(),
+            Traffic::Grpc => self.grpc_router.clone(),
+            Traffic::Http => self.http_router.clone(),
             Traffic::Metrics => self.metrics.clone(),
         }
     }
 
     fn unary(&self, t: Traffic) -> Arc<dyn grpc_wire::Unary> {
         match t {
-            Traffic::Both | Traffic::Grpc => self.client.unary.clone(),
+            Traffic::Both | Traffic::Grpc => self.unary.clone(),
             Traffic::Http | Traffic::Metrics => Arc::new(listen::Refuse(None)),
         }
     }
+}
+
+/// Serves each listener of `listeners` with what its traffic asks of `port`, TLS from
+/// `acceptor` where its URLs are `https://`, on `rt`, until `stop` turns true.
+pub fn serve_all(
+    rt: &tokio::runtime::Handle,
+    listeners: Vec<(Vec<listen::Bound>, Traffic)>,
+    port: &Port,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    stop: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut servers = Vec::new();
+    for (ls, traffic) in listeners {
+        for b in ls {
+            let addr = b
+                .listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            tracing::info!(%addr, tls = b.tls, ?traffic, "serving client traffic");
+            let mode = Mode {
+                traffic,
+                tls: acceptor.clone().filter(|_| b.tls),
+                plain: b.plain,
+            };
+            servers.push(rt.spawn(serve(b.listener, port.clone(), mode, stop.clone())));
+        }
+    }
+    servers
 }
 
 /// Accepts connections on `l` until `stop` turns true, then waits for those under way to
@@ -162,7 +212,7 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
         Protocol::Http2 => grpc_wire::serve(
             stream,
             &first,
-            port.client.config.clone(),
+            port.config.clone(),
             port.unary(mode.traffic),
             port.router(mode.traffic),
             ext,

@@ -29,13 +29,151 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// The gRPC proxy (etcd's `grpc-proxy`).
+    GrpcProxy {
+        #[command(subcommand)]
+        cmd: ProxyCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProxyCmd {
+    /// Starts a proxy in front of a cluster: etcd's v3 API on --listen-addr, everything
+    /// forwarded to --endpoints; with --experimental-leasing-prefix, linearizable reads of
+    /// keys it holds a lease on are answered from its memory.
+    Start(Box<ProxyFlags>),
+}
+
+/// `kvd grpc-proxy start`'s flags: etcd's grpc-proxy flags, and kvd's `--leasing-*`.
+#[derive(Debug, Args)]
+pub struct ProxyFlags {
+    /// Comma-separated etcd cluster endpoints.
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    pub endpoints: String,
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:23790")]
+    pub listen_addr: String,
+    /// The address MemberList answers with (empty: the cluster's member list).
+    #[arg(long, default_value = "127.0.0.1:23790")]
+    pub advertise_client_url: String,
+    /// Leasing metadata prefix for disconnected linearized reads (empty: no leasing).
+    #[arg(long, default_value = "")]
+    pub experimental_leasing_prefix: String,
+    /// A prefix to all keys, for namespacing requests.
+    #[arg(long, default_value = "")]
+    pub namespace: String,
+    /// Listen for /metrics (and /health) on this URL too.
+    #[arg(long, default_value = "")]
+    pub metrics_addr: String,
+    /// Message send limit to the cluster, in bytes.
+    #[arg(long, default_value_t = 1_572_864)]
+    pub max_send_bytes: usize,
+    /// Message receive limit from the cluster, in bytes.
+    #[arg(long, default_value_t = i32::MAX as usize)]
+    pub max_recv_bytes: usize,
+    /// kvd's: how long a connection to an endpoint may take.
+    #[arg(long, default_value = "5s")]
+    pub dial_timeout: String,
+    /// Keepalive time of the connections to the cluster (0: off).
+    #[arg(long, default_value = "0s")]
+    pub dial_keepalive_time: String,
+    /// Keepalive timeout of the connections to the cluster.
+    #[arg(long, default_value = "20s")]
+    pub dial_keepalive_timeout: String,
+    /// Keepalive pings to the cluster even with no call under way.
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub permit_without_stream: bool,
+    /// kvd's: log level (debug, info, warn, error).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// kvd's: log format, `json` or `text`.
+    #[arg(long, default_value = "json")]
+    pub log_format: String,
+    /// Debug-level logging (etcd's).
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub debug: bool,
+    /// The certificate the proxy presents to the cluster's TLS endpoints.
+    #[arg(long, default_value = "")]
+    pub cert: String,
+    /// The key of --cert.
+    #[arg(long, default_value = "")]
+    pub key: String,
+    /// The CA bundle that signs the cluster's certificates.
+    #[arg(long, default_value = "")]
+    pub cacert: String,
+    /// Skips checking the cluster's certificates (testing only).
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub insecure_skip_tls_verify: bool,
+    /// The certificate clients of the proxy are served.
+    #[arg(long, default_value = "")]
+    pub cert_file: String,
+    /// The key of --cert-file.
+    #[arg(long, default_value = "")]
+    pub key_file: String,
+    /// The CA of the proxy's clients' certificates (given, clients must present one).
+    #[arg(long, default_value = "")]
+    pub trusted_ca_file: String,
+    /// Revoked client certificates.
+    #[arg(long, default_value = "")]
+    pub client_crl_file: String,
+    /// TLS to clients with a generated certificate.
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub auto_tls: bool,
+    /// The validity of --auto-tls's certificate, in years.
+    #[arg(long, default_value_t = 1)]
+    pub self_signed_cert_validity: u32,
+    /// TLS 1.2 cipher suites between clients and the proxy (Go's names).
+    #[arg(long, default_value = "")]
+    pub listen_cipher_suites: String,
+    /// Minimum TLS version: TLS1.2 or TLS1.3.
+    #[arg(long, default_value = "TLS1.2")]
+    pub tls_min_version: String,
+    /// Maximum TLS version (empty: the newest).
+    #[arg(long, default_value = "")]
+    pub tls_max_version: String,
+    /// Where --auto-tls keeps its certificate.
+    #[arg(long, default_value = "default.proxy")]
+    pub data_dir: String,
+    /// How often a client may ping while it has streams open.
+    #[arg(long, default_value = "5s")]
+    pub grpc_keepalive_min_time: String,
+    /// How long a client may be quiet before the proxy pings it (0 disables).
+    #[arg(long, default_value = "2h")]
+    pub grpc_keepalive_interval: String,
+    /// How long the proxy waits for a ping's answer.
+    #[arg(long, default_value = "20s")]
+    pub grpc_keepalive_timeout: String,
+    /// Streams a client may have open on one connection.
+    #[arg(long, default_value_t = u32::MAX)]
+    pub max_concurrent_streams: u32,
+    /// kvd's: the TTL of the session lease the proxy holds keys under (etcd's proxy: 60s).
+    #[arg(long, default_value = "60s")]
+    pub leasing_ttl: String,
+    /// kvd's: the share of the TTL the proxy keeps back for clock-rate drift: it serves
+    /// nothing from its cache past `send + TTL * (1 - drift)` of its last keep-alive.
+    #[arg(long, default_value_t = 0.01)]
+    pub leasing_clock_drift: f64,
+    /// kvd's: shared read leases (several proxies hold a read-mostly key at once); every
+    /// proxy on the prefix must be kvd's.
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leasing_shared: bool,
+    /// kvd's: keys the cache holds at most (the coldest go first).
+    #[arg(long, default_value_t = 100_000)]
+    pub leasing_cache_keys: usize,
+    /// kvd's: bytes the cached values take at most.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub leasing_cache_bytes: usize,
+    /// kvd's: how long a key given up on another's request is not taken again (it doubles
+    /// for a key revoked again soon after).
+    #[arg(long, default_value = "2s")]
+    pub leasing_revoke_backoff: String,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCmd {
     /// Builds a new member's data directory from a snapshot file (`etcdctl snapshot save`):
     /// the keys and their history, in a new cluster of the members given.
-    Restore(RestoreFlags),
+    Restore(Box<RestoreFlags>),
 }
 
 #[derive(Debug, Args)]
@@ -357,9 +495,52 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("wal-dir", "the WAL lives in the data directory"),
 ];
 
+/// etcd's grpc-proxy flags kvd's proxy does not support, with why.
+const PROXY_UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "discovery-srv",
+        "DNS discovery is not supported; give the cluster's --endpoints",
+    ),
+    (
+        "discovery-srv-name",
+        "DNS discovery is not supported; give the cluster's --endpoints",
+    ),
+    (
+        "insecure-discovery",
+        "DNS discovery is not supported; give the cluster's --endpoints",
+    ),
+    (
+        "endpoints-auto-sync-interval",
+        "endpoints are not synced from the member list; give every endpoint in --endpoints",
+    ),
+    (
+        "resolver-prefix",
+        "registering proxies in the cluster is not supported",
+    ),
+    (
+        "resolver-ttl",
+        "registering proxies in the cluster is not supported",
+    ),
+    ("enable-pprof", "pprof is a Go runtime facility"),
+    (
+        "experimental-serializable-ordering",
+        "not supported; the proxy sticks to one endpoint until it fails",
+    ),
+    (
+        "experimental-enable-grpc-logging",
+        "not supported; use --log-level debug",
+    ),
+];
+
 /// Rewrites Go-style single-dash long flags (`-name x`) to `--name x`, as etcd accepts both,
 /// and refuses etcd flags kvd does not support with the reason.
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Result<Vec<String>, String> {
+    let args: Vec<String> = args.into_iter().collect();
+    let (unsupported, what) = if args.get(1).map(String::as_str) == Some("grpc-proxy") {
+        (PROXY_UNSUPPORTED, "etcd's grpc-proxy flag")
+    } else {
+        (UNSUPPORTED, "etcd's flag")
+    };
     let mut out = Vec::new();
     for (i, a) in args.into_iter().enumerate() {
         let a = if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
@@ -369,8 +550,8 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Result<Vec<Stri
         };
         if let Some(name) = a.strip_prefix("--") {
             let name = name.split('=').next().unwrap_or_default();
-            if let Some((_, why)) = UNSUPPORTED.iter().find(|(f, _)| *f == name) {
-                return Err(format!("kvd: etcd's flag --{name} is not supported: {why}"));
+            if let Some((_, why)) = unsupported.iter().find(|(f, _)| *f == name) {
+                return Err(format!("kvd: {what} --{name} is not supported: {why}"));
             }
         }
         out.push(a);
@@ -400,5 +581,8 @@ mod tests {
         );
         let err = normalize_args(["kvd", "--wal-dir", "w"].map(String::from)).unwrap_err();
         assert!(err.contains("--wal-dir") && err.contains("WAL"), "{err}");
+        let proxy = ["kvd", "grpc-proxy", "start", "--resolver-prefix=x"].map(String::from);
+        let err = normalize_args(proxy).unwrap_err();
+        assert!(err.contains("grpc-proxy flag --resolver-prefix"), "{err}");
     }
 }

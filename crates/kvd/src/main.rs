@@ -6,6 +6,7 @@ mod config;
 mod listen;
 mod peer_port;
 mod plan;
+mod proxy;
 mod tls;
 
 use std::path::{Path, PathBuf};
@@ -14,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use client_port::{Mode, Port, Traffic};
-use config::{Cli, Cmd, RestoreFlags, ServeFlags, SnapshotCmd};
+use client_port::{Port, Traffic};
+use config::{Cli, Cmd, ProxyCmd, RestoreFlags, ServeFlags, SnapshotCmd};
 use consensus::grpc::{GrpcTransport, PeerService};
 use consensus::RaftNode;
 use plan::{initial_cluster, plan, same_urls};
@@ -47,6 +48,9 @@ fn main() -> ExitCode {
         Some(Cmd::Snapshot {
             cmd: SnapshotCmd::Restore(f),
         }) => restore(&f),
+        Some(Cmd::GrpcProxy {
+            cmd: ProxyCmd::Start(f),
+        }) => proxy::run(&f),
         None => serve(cli.serve),
     };
     match r {
@@ -138,10 +142,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         ));
     }
     let port = rt.block_on(async {
-        Port {
-            client: rpc::client_port(&core, p.http2),
-            metrics: rpc::metrics_router(&core),
-        }
+        Port::member(rpc::client_port(&core, p.http2), rpc::metrics_router(&core))
     });
     let acceptor = sec.client.map(listen::acceptor);
     // As etcd: with HTTP URLs of their own, the client URLs serve gRPC only.
@@ -150,32 +151,18 @@ fn serve(f: ServeFlags) -> Result<()> {
     } else {
         Traffic::Grpc
     };
-    let listeners = [
+    let listeners = vec![
         (client_ls, client_traffic),
         (http_ls, Traffic::Http),
         (metrics_ls, Traffic::Metrics),
     ];
-    for (ls, traffic) in listeners {
-        for b in ls {
-            let addr = b
-                .listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            tracing::info!(%addr, tls = b.tls, ?traffic, "serving client traffic");
-            let mode = Mode {
-                traffic,
-                tls: acceptor.clone().filter(|_| b.tls),
-                plain: b.plain,
-            };
-            servers.push(rt.spawn(client_port::serve(
-                b.listener,
-                port.clone(),
-                mode,
-                stop_rx.clone(),
-            )));
-        }
-    }
+    servers.extend(client_port::serve_all(
+        rt.handle(),
+        listeners,
+        &port,
+        acceptor,
+        &stop_rx,
+    ));
     rt.spawn(rpc::background(Arc::downgrade(&core)));
 
     let why = rt.block_on(async {

@@ -133,18 +133,34 @@ fn security(f: &ServeFlags, data_dir: &Path, listen: [&[(String, bool)]; 4]) -> 
 
 /// The client port's HTTP/2 settings from etcd's gRPC flags.
 fn http2_config(f: &ServeFlags) -> Result<grpc_wire::Config> {
+    http2_settings(
+        &f.grpc_keepalive_min_time,
+        &f.grpc_keepalive_interval,
+        &f.grpc_keepalive_timeout,
+        f.max_concurrent_streams,
+    )
+}
+
+/// HTTP/2 settings from etcd's `--grpc-keepalive-min-time`, `--grpc-keepalive-interval`,
+/// `--grpc-keepalive-timeout` and `--max-concurrent-streams` (a member's and a proxy's).
+pub fn http2_settings(
+    min_time: &str,
+    interval: &str,
+    timeout: &str,
+    max_streams: u32,
+) -> Result<grpc_wire::Config> {
     let duration =
         |flag: &str, v: &str| rpc::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
-    let interval = duration("grpc-keepalive-interval", &f.grpc_keepalive_interval)?;
-    let timeout = duration("grpc-keepalive-timeout", &f.grpc_keepalive_timeout)?;
+    let interval = duration("grpc-keepalive-interval", interval)?;
+    let timeout = duration("grpc-keepalive-timeout", timeout)?;
     if timeout.is_zero() {
         return Err("--grpc-keepalive-timeout: must be more than 0".into());
     }
     Ok(grpc_wire::Config {
-        ping_min_interval: duration("grpc-keepalive-min-time", &f.grpc_keepalive_min_time)?,
+        ping_min_interval: duration("grpc-keepalive-min-time", min_time)?,
         keepalive_interval: (!interval.is_zero()).then_some(interval),
         keepalive_timeout: timeout,
-        max_concurrent_streams: f.max_concurrent_streams,
+        max_concurrent_streams: max_streams,
         ..grpc_wire::Config::default()
     })
 }

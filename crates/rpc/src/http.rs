@@ -41,58 +41,13 @@ pub fn metrics_router(core: Arc<Core>) -> Router {
 /// What answers a path no route has: a gRPC call gets gRPC's UNIMPLEMENTED, anything else
 /// HTTP 404, as etcd's server.
 pub async fn fallback(req: axum::extract::Request) -> Response {
-    let grpc = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
-        let status = tonic::Status::unimplemented(format!("unknown service {}", req.uri().path()));
-        return status.into_http::<axum::body::Body>().into_response();
-    }
-    (StatusCode::NOT_FOUND, "404 page not found\n").into_response()
+    grpc_wire::fallback(req.headers(), req.uri().path())
 }
 
 /// gRPC-go's answer to a message over the receive limit (etcd's, so clients see the same
 /// code and text), in place of tonic's.
 pub async fn grpc_limit_error(mut resp: Response) -> Response {
-    const TONIC: &str = "Error, decoded message length too large: found ";
-    let h = resp.headers();
-    let is_limit = h.get("grpc-status").is_some_and(|v| v == "11")
-        && h.get("grpc-message")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|m| m.replace("%20", " ").starts_with(TONIC));
-    if !is_limit {
-        return resp;
-    }
-    // "found N bytes, the limit is: M bytes" → "(N vs. M)".
-    let msg = resp.headers()["grpc-message"]
-        .to_str()
-        .unwrap_or_default()
-        .replace("%20", " ")
-        .replace("%3A", ":")
-        .replace("%2C", ",");
-    let nums: Vec<&str> = msg
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let status = match nums.as_slice() {
-        [found, limit] => found.parse().ok().zip(limit.parse().ok()),
-        _ => None,
-    }
-    .map_or_else(
-        || tonic::Status::resource_exhausted("grpc: received message larger than max"),
-        |(found, limit)| grpc_wire::too_large(found, limit),
-    );
-    let fresh = status.into_http::<axum::body::Body>();
-    let h = resp.headers_mut();
-    h.remove("grpc-message");
-    h.remove("grpc-status");
-    for name in ["grpc-status", "grpc-message"] {
-        if let Some(v) = fresh.headers().get(name) {
-            h.insert(name, v.clone());
-        }
-    }
+    grpc_wire::rewrite_limit_status(resp.headers_mut());
     resp
 }
 

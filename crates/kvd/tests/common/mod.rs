@@ -269,6 +269,81 @@ impl Proc {
         (m, p)
     }
 
+    /// `kvd grpc-proxy start` in front of `endpoints` (etcd's `--endpoints`), listening on a
+    /// free port, its log in `dir/<name>.log`; started, not checked ready (its cluster may
+    /// be down on purpose).
+    pub fn grpc_proxy(name: &str, dir: &Path, endpoints: &str, extra: &[&str]) -> Proc {
+        Proc::any_grpc_proxy(Path::new(kvd_bin()), name, dir, endpoints, extra)
+    }
+
+    /// etcd 3.6.5's `etcd grpc-proxy start`, the same way.
+    pub fn etcd_grpc_proxy(name: &str, dir: &Path, endpoints: &str, extra: &[&str]) -> Proc {
+        Proc::any_grpc_proxy(&tools().join("etcd"), name, dir, endpoints, extra)
+    }
+
+    fn any_grpc_proxy(bin: &Path, name: &str, dir: &Path, endpoints: &str, extra: &[&str]) -> Proc {
+        std::fs::create_dir_all(dir).unwrap();
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = dir.join(format!("{name}.log"));
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let kvd = bin == Path::new(kvd_bin());
+        let child = Command::new(bin)
+            .args(["grpc-proxy", "start", "--endpoints", endpoints])
+            .args(["--listen-addr", &addr, "--advertise-client-url", &addr])
+            .args(if kvd {
+                &[
+                    "--log-format",
+                    "text",
+                    "--log-level",
+                    "info,leasing_proxy=debug",
+                ][..]
+            } else {
+                &[][..]
+            })
+            .args(extra)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let p = Proc {
+            child: Some(child),
+            addrs: Addrs {
+                name: name.into(),
+                client: format!("http://{addr}"),
+                peer: String::new(),
+                peer_listen: String::new(),
+            },
+            log,
+            ctl_flags: Vec::new(),
+        };
+        p.wait_for("the proxy to listen", 20, || {
+            std::net::TcpStream::connect(&addr).is_ok()
+        });
+        p
+    }
+
+    /// A counter or gauge of this process's `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str) -> u64 {
+        let (_, body) = http_get(&self.addrs.client, "/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
+    /// SIGSTOP or SIGCONT.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        run(Command::new("kill").args([sig, &pid]), "kill");
+    }
+
     /// SIGKILL now.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,0 +1,133 @@
+//! The calls the proxy makes to the cluster, for its clients and for itself: each goes to the
+//! current endpoint with the caller's credentials, under the namespace, within etcd's proxy
+//! message limits (`--max-send-bytes`, `--max-recv-bytes`), counted, and an endpoint found
+//! unreachable is left for the next.
+
+use std::sync::Arc;
+
+use api::etcdserverpb::auth_client::AuthClient;
+use api::etcdserverpb::cluster_client::ClusterClient;
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::lease_client::LeaseClient;
+use api::etcdserverpb::maintenance_client::MaintenanceClient;
+use api::etcdserverpb::*;
+use api::v3electionpb::election_client::ElectionClient;
+use api::v3lockpb::lock_client::LockClient;
+use prost::Message;
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::metrics::Metrics;
+use crate::namespace::Namespace;
+use crate::upstream::{Creds, Upstream};
+
+/// The proxy's way to the cluster.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    pub up: Arc<Upstream>,
+    pub ns: Namespace,
+    pub metrics: Arc<Metrics>,
+    /// The largest message sent to, and taken from, the cluster.
+    pub max_send: usize,
+    pub max_recv: usize,
+}
+
+/// A client of one of etcd's services on the current endpoint, with the proxy's limits.
+macro_rules! client {
+    ($name:ident, $ty:ident) => {
+        pub fn $name(&self) -> (usize, $ty<Channel>) {
+            let (i, ch) = self.up.channel();
+            self.metrics.upstream.inc();
+            (
+                i,
+                $ty::new(ch)
+                    .max_decoding_message_size(self.max_recv)
+                    .max_encoding_message_size(self.max_send),
+            )
+        }
+    };
+}
+
+impl Calls {
+    client!(kv, KvClient);
+    client!(lease, LeaseClient);
+    client!(cluster, ClusterClient);
+    client!(maintenance, MaintenanceClient);
+    client!(auth, AuthClient);
+    client!(lock, LockClient);
+    client!(election, ElectionClient);
+
+    /// grpc-go's refusal of a message over the send limit, before anything is sent.
+    pub fn check_send<T: Message>(&self, msg: &T) -> Result<(), Status> {
+        let n = msg.encoded_len();
+        if n > self.max_send {
+            return Err(Status::resource_exhausted(format!(
+                "grpc: trying to send message larger than max ({n} vs. {})",
+                self.max_send
+            )));
+        }
+        Ok(())
+    }
+
+    /// The answer of a call made on endpoint `i`: the message, its header noted; or the
+    /// error, an unreachable endpoint left.
+    pub fn answer<T>(&self, i: usize, r: Result<tonic::Response<T>, Status>) -> Result<T, Status> {
+        r.map(tonic::Response::into_inner)
+            .inspect_err(|s| self.up.failed(i, s))
+    }
+
+    pub async fn range(&self, creds: &Creds, mut r: RangeRequest) -> Result<RangeResponse, Status> {
+        self.ns.range(&mut r);
+        self.check_send(&r)?;
+        let (i, mut c) = self.kv();
+        let mut resp = self.answer(i, c.range(creds.request(r)).await)?;
+        self.up.saw(resp.header.as_ref());
+        self.ns.range_resp(&mut resp);
+        Ok(resp)
+    }
+
+    pub async fn put(&self, creds: &Creds, mut r: PutRequest) -> Result<PutResponse, Status> {
+        self.ns.put(&mut r);
+        self.check_send(&r)?;
+        let (i, mut c) = self.kv();
+        let mut resp = self.answer(i, c.put(creds.request(r)).await)?;
+        self.up.saw(resp.header.as_ref());
+        self.ns.put_resp(&mut resp);
+        Ok(resp)
+    }
+
+    pub async fn delete_range(
+        &self,
+        creds: &Creds,
+        mut r: DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, Status> {
+        self.ns.delete_range(&mut r);
+        self.check_send(&r)?;
+        let (i, mut c) = self.kv();
+        let mut resp = self.answer(i, c.delete_range(creds.request(r)).await)?;
+        self.up.saw(resp.header.as_ref());
+        self.ns.delete_resp(&mut resp);
+        Ok(resp)
+    }
+
+    pub async fn txn(&self, creds: &Creds, mut t: TxnRequest) -> Result<TxnResponse, Status> {
+        self.ns.txn(&mut t);
+        self.check_send(&t)?;
+        let (i, mut c) = self.kv();
+        let mut resp = self.answer(i, c.txn(creds.request(t)).await)?;
+        self.up.saw(resp.header.as_ref());
+        self.ns.txn_resp(&mut resp);
+        Ok(resp)
+    }
+
+    pub async fn compact(
+        &self,
+        creds: &Creds,
+        r: CompactionRequest,
+    ) -> Result<CompactionResponse, Status> {
+        let (i, mut c) = self.kv();
+        let resp = self.answer(i, c.compact(creds.request(r)).await)?;
+        self.up.saw(resp.header.as_ref());
+        Ok(resp)
+    }
+}
