@@ -1,6 +1,7 @@
 //! Go's clientv3 and its concurrency package (mutex, election, STM) against kvd: runs the Go
-//! test module in `tests/clients/go` with a kvd process's endpoint — in the clear, and over
-//! mutual TLS as a user of an auth-enabled kvd.
+//! test module in `tests/clients/go` with a kvd process's endpoint — in the clear, over
+//! mutual TLS as a user of an auth-enabled kvd, and through a kvd leasing proxy in front of
+//! kvd and of etcd. The same module holds the leasing proxy's linearizability harness.
 
 mod common;
 
@@ -108,5 +109,52 @@ fn go_clientv3_works_over_mutual_tls_as_a_user_of_an_auth_enabled_kvd() {
             ("KVD_OTHER_USER", "guest:guestpw".into()),
         ],
         &tests,
+    );
+}
+
+/// The whole suite through a kvd leasing proxy, in front of kvd and in front of etcd 3.6.5:
+/// clientv3 (KV, Txn, Watch, Lease, the concurrency package's mutex, election and STM) sees a
+/// working etcd.
+#[test]
+fn go_clientv3_and_concurrency_work_through_a_kvd_leasing_proxy_in_front_of_kvd_and_of_etcd() {
+    for backend in ["kvd", "etcd"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, _cluster) = if backend == "kvd" {
+            Proc::single_kvd(dir.path())
+        } else {
+            Proc::single_etcd(dir.path())
+        };
+        let proxy = Proc::grpc_proxy(
+            "proxy",
+            dir.path(),
+            &m.endpoint(),
+            &["--experimental-leasing-prefix=_lease/"],
+        );
+        go_test(&[("KVD_ENDPOINTS", proxy.addrs.endpoint())], ALL);
+        assert!(
+            proxy.metric("kvd_leasing_acquisitions_total") > 0,
+            "{backend}: the suite's reads took no key"
+        );
+    }
+}
+
+/// The leasing proxy's linearizability under faults (porcupine over recorded histories,
+/// `tests/clients/go/leasing`), and the checker seen to fail on a stale read.
+#[test]
+fn leasing_proxies_stay_linearizable_under_faults() {
+    go_test(
+        &[("KVD_LEASING_BIN", common::kvd_bin().to_string())],
+        &[
+            "TestLeasingProxiesAreLinearizableUnderFaults/no-fault",
+            "TestLeasingProxiesAreLinearizableUnderFaults/slow-link",
+            "TestLeasingProxiesAreLinearizableUnderFaults/kill-proxy",
+            "TestLeasingProxiesAreLinearizableUnderFaults/pause-proxy-past-ttl",
+            "TestLeasingProxiesAreLinearizableUnderFaults/pause-proxy-within-ttl",
+            "TestLeasingProxiesAreLinearizableUnderFaults/cut-proxy-past-ttl",
+            "TestLeasingProxiesAreLinearizableUnderFaults/cut-proxy-within-ttl",
+            "TestLeasingProxiesAreLinearizableUnderFaults/kill-leader",
+            "TestLeasingProxiesAreLinearizableUnderFaults/cut-a-proxy-and-pause-the-other",
+            "TestTheCheckerCatchesAStaleReadFromAProxy",
+        ],
     );
 }
