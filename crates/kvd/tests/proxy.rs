@@ -276,3 +276,315 @@ fn watches_locks_and_elections_through_the_proxy() {
     let members = ctl_ok(&p, &["member", "list"]);
     assert!(members.contains(&p), "{members}");
 }
+
+/// Reads `key` through `p` until the proxy holds it (its read answered from the cache).
+fn until_held(p: &Proc, key: &str) {
+    p.wait_for(&format!("{key} held"), 20, || {
+        let hits = p.metric("etcd_grpc_proxy_cache_hits_total");
+        get_value(p, key);
+        p.metric("etcd_grpc_proxy_cache_hits_total") > hits
+    });
+}
+
+#[test]
+fn shared_read_leases_let_two_proxies_serve_one_key_and_a_write_revokes_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let shared = [PREFIX, "--leasing-shared"];
+    let a = Proc::grpc_proxy("a", dir.path(), &m.endpoint(), &shared);
+    let b = Proc::grpc_proxy("b", dir.path(), &m.endpoint(), &shared);
+    ctl_ok(&m.endpoint(), &["put", "k", "v1"]);
+    until_held(&a, "k");
+    until_held(&b, "k");
+    // Both hold it, each with a shared leasing key of its own.
+    let held = leasing_keys(&m.endpoint());
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held
+        .iter()
+        .all(|(k, v)| k.starts_with("_lease/k\0") && v == "SHARED"));
+    for p in [&a, &b] {
+        let hits = p.metric("etcd_grpc_proxy_cache_hits_total");
+        for _ in 0..5 {
+            assert_eq!(get_value(p, "k").as_deref(), Some("v1"));
+        }
+        assert_eq!(p.metric("etcd_grpc_proxy_cache_hits_total"), hits + 5);
+    }
+    // A write through one revokes the other's lease before it commits.
+    assert!(via(&a, &["put", "k", "v2"]).0);
+    assert_eq!(b.metric("kvd_leasing_revocations_received_total"), 1);
+    assert!(a.metric("kvd_leasing_revocations_sent_total") >= 1);
+    assert_eq!(get_value(&b, "k").as_deref(), Some("v2"));
+    assert_eq!(get_value(&a, "k").as_deref(), Some("v2"));
+    // The writer kept its own: its next read is a hit with the new value.
+    let hits = a.metric("etcd_grpc_proxy_cache_hits_total");
+    assert_eq!(get_value(&a, "k").as_deref(), Some("v2"));
+    assert_eq!(a.metric("etcd_grpc_proxy_cache_hits_total"), hits + 1);
+
+    // Without --leasing-shared one proxy holds a key, the other reads through the cluster.
+    let c = Proc::grpc_proxy("c", dir.path(), &m.endpoint(), &[PREFIX]);
+    let d = Proc::grpc_proxy("d", dir.path(), &m.endpoint(), &[PREFIX]);
+    ctl_ok(&m.endpoint(), &["put", "x", "1"]);
+    until_held(&c, "x");
+    for _ in 0..3 {
+        assert_eq!(get_value(&d, "x").as_deref(), Some("1"));
+    }
+    assert_eq!(d.metric("etcd_grpc_proxy_cache_hits_total"), 0);
+    assert_eq!(d.metric("kvd_leasing_acquisitions_total"), 0);
+    // An exclusive kvd proxy and shared ones share the prefix: a write through the shared
+    // one revokes the exclusive holder.
+    assert!(via(&a, &["put", "x", "2"]).0);
+    assert_eq!(c.metric("kvd_leasing_revocations_received_total"), 1);
+    assert_eq!(get_value(&c, "x").as_deref(), Some("2"));
+}
+
+#[test]
+fn the_cache_holds_no_more_keys_or_bytes_than_it_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let p = Proc::grpc_proxy(
+        "proxy",
+        dir.path(),
+        &m.endpoint(),
+        &[PREFIX, "--leasing-cache-keys=10"],
+    );
+    // Ten times more distinct keys than it may hold, each read twice (a miss takes the key).
+    for i in 0..100 {
+        ctl_ok(&m.endpoint(), &["put", &format!("key{i:03}"), "v"]);
+    }
+    for round in 0..2 {
+        for i in 0..100 {
+            assert_eq!(get_value(&p, &format!("key{i:03}")).as_deref(), Some("v"));
+            let held = p.metric("etcd_grpc_proxy_cache_keys_total");
+            assert!(held <= 10, "round {round}, key {i}: {held} keys held");
+        }
+    }
+    assert!(p.metric("kvd_leasing_acquisitions_total") > 10);
+    assert!(
+        p.metric("kvd_leasing_evictions_total") >= p.metric("kvd_leasing_acquisitions_total") - 10
+    );
+    // The keys given up are given back to the cluster too.
+    p.wait_for("evicted leasing keys deleted", 10, || {
+        leasing_keys(&m.endpoint()).len() <= 10
+    });
+    // A bound in bytes: 4 KiB values, 20 KiB for the cache.
+    let q = Proc::grpc_proxy(
+        "bytes",
+        dir.path(),
+        &m.endpoint(),
+        &[PREFIX, "--leasing-cache-bytes=20480"],
+    );
+    let big = "x".repeat(4096);
+    for i in 0..30 {
+        ctl_ok(&m.endpoint(), &["put", &format!("big{i}"), &big]);
+    }
+    for i in 0..30 {
+        for _ in 0..2 {
+            assert_eq!(
+                get_value(&q, &format!("big{i}")).map(|v| v.len()),
+                Some(4096)
+            );
+        }
+        // One value over at most: the bound is checked before a key is taken.
+        let bytes = q.metric("kvd_leasing_cache_bytes");
+        assert!(bytes <= 20480 + 4096 + 512, "{bytes} bytes held");
+    }
+    assert!(q.metric("kvd_leasing_evictions_total") > 0);
+}
+
+/// A kvd proxy and etcd 3.6.5's leasing proxy on one prefix: each sees the other's writes,
+/// and revocations go both ways.
+#[test]
+fn a_kvd_proxy_and_an_etcd_leasing_proxy_share_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let k = Proc::grpc_proxy("kvd-proxy", dir.path(), &m.endpoint(), &[PREFIX]);
+    let e = Proc::etcd_grpc_proxy("etcd-proxy", dir.path(), &m.endpoint(), &[PREFIX]);
+    e.wait_for("etcd's proxy to answer", 20, || via(&e, &["get", "x"]).0);
+    // The kvd proxy holds a key; a write through etcd's proxy revokes it.
+    ctl_ok(&m.endpoint(), &["put", "a", "1"]);
+    until_held(&k, "a");
+    assert!(via(&e, &["put", "a", "2"]).0);
+    assert_eq!(k.metric("kvd_leasing_revocations_received_total"), 1);
+    assert_eq!(get_value(&k, "a").as_deref(), Some("2"));
+    // etcd's proxy holds a key (its leasing key has an empty value); a write through the kvd
+    // proxy revokes it.
+    ctl_ok(&m.endpoint(), &["put", "b", "1"]);
+    assert_eq!(get_value(&e, "b").as_deref(), Some("1"));
+    e.wait_for("etcd's proxy to hold b", 10, || {
+        leasing_keys(&m.endpoint())
+            .iter()
+            .any(|(key, v)| key == "_lease/b" && v.is_empty())
+    });
+    let sent = k.metric("kvd_leasing_revocations_sent_total");
+    assert!(via(&k, &["put", "b", "2"]).0);
+    assert!(k.metric("kvd_leasing_revocations_sent_total") > sent);
+    assert_eq!(get_value(&e, "b").as_deref(), Some("2"));
+    // And a write through the kvd proxy of a key no one holds is applied once (etcd's
+    // proxy applies such a write twice): one PUT event.
+    let w = Spawned::start(&m.endpoint(), &["watch", "once"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(via(&k, &["put", "once", "v"]).0);
+    assert!(via(&k, &["put", "once2", "v"]).0);
+    assert_eq!(w.next(3), ["PUT", "once", "v"]);
+    assert!(w.lines.recv_timeout(Duration::from_millis(500)).is_err());
+    // A delete of a present key answers 1 deleted (etcd's proxy: 0).
+    let (ok, out) = via(&k, &["del", "once"]);
+    assert!(ok && out.trim() == "1", "{out}");
+}
+
+#[test]
+fn bad_input_and_faults_get_clear_errors_and_leave_the_proxy_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, mut kvd) = Proc::single_kvd(dir.path());
+    let p = Proc::grpc_proxy(
+        "proxy",
+        dir.path(),
+        &m.endpoint(),
+        &[PREFIX, "--leasing-ttl=5s"],
+    );
+    p.wait_for("the proxy to answer", 20, || via(&p, &["get", "x"]).0);
+    // A REVOKE on a leasing key the proxy does not hold (no lease, nobody's): ignored.
+    ctl_ok(&m.endpoint(), &["put", "_lease/stray", "REVOKE"]);
+    ctl_ok(&m.endpoint(), &["put", "stray", "1"]);
+    assert_eq!(get_value(&p, "stray").as_deref(), Some("1"));
+    ctl_ok(&m.endpoint(), &["put", "stray", "2"]);
+    assert_eq!(get_value(&p, "stray").as_deref(), Some("2"));
+    // Its leasing key deleted by a third party: the key is let go, and a write straight to
+    // the cluster afterwards is seen.
+    ctl_ok(&m.endpoint(), &["put", "k", "1"]);
+    until_held(&p, "k");
+    ctl_ok(&m.endpoint(), &["del", "_lease/k"]);
+    p.wait_for("the key let go", 10, || {
+        p.metric("etcd_grpc_proxy_cache_keys_total") == 1
+    });
+    ctl_ok(&m.endpoint(), &["put", "k", "2"]);
+    assert_eq!(get_value(&p, "k").as_deref(), Some("2"));
+    // A write straight to the cluster of a held key: the watch sees it, the next read asks
+    // the cluster.
+    until_held(&p, "k");
+    ctl_ok(&m.endpoint(), &["put", "k", "3"]);
+    p.wait_for("the bypassing write seen", 10, || {
+        get_value(&p, "k").as_deref() == Some("3")
+    });
+    // A 1 MiB value through the proxy, both ways, from the cache too.
+    let big = "v".repeat(1 << 20);
+    let file = dir.path().join("big");
+    std::fs::write(&file, &big).unwrap();
+    let out = ctl_input(&p.addrs.endpoint(), &["put", "big"], &big);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for _ in 0..3 {
+        assert_eq!(get_value(&p, "big").map(|v| v.len()), Some(1 << 20));
+    }
+    // Over the proxy's send limit to the cluster: grpc-go's error, as etcd's proxy.
+    let huge = "v".repeat(2 << 20);
+    let out = ctl_input(
+        &p.addrs.endpoint(),
+        &["put", "huge", "--max-request-bytes=4194304"],
+        &huge,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("trying to send message larger than max"),
+        "{err}"
+    );
+    // The cluster down, and up again: errors meanwhile, answers after.
+    kvd.kill();
+    let (ok, _) = via(&p, &["put", "k", "4"]);
+    assert!(!ok);
+    let _ = std::fs::remove_file(&file);
+    let mut again = Proc::kvd(
+        &m,
+        &dir.path().join("kvd"),
+        std::slice::from_ref(&m),
+        "new",
+        &[],
+    );
+    again.wait_ready();
+    p.wait_for("the proxy to answer again", 30, || {
+        via(&p, &["put", "k", "5"]).0
+    });
+    assert_eq!(get_value(&p, "k").as_deref(), Some("5"));
+    // A client that gives up on a write waiting for a holder that does not answer: the
+    // proxy serves on. (A second proxy holds the key, paused.)
+    let q = Proc::grpc_proxy(
+        "paused",
+        dir.path(),
+        &m.endpoint(),
+        &[PREFIX, "--leasing-ttl=5s"],
+    );
+    ctl_ok(&m.endpoint(), &["put", "held", "1"]);
+    until_held(&q, "held");
+    q.signal("-STOP");
+    let (ok, _) = via(&p, &["put", "held", "2"]);
+    assert!(!ok, "the write waits for the paused holder");
+    assert_eq!(get_value(&p, "k").as_deref(), Some("5"));
+    q.signal("-CONT");
+    p.wait_for("the write through", 20, || via(&p, &["put", "held", "3"]).0);
+    assert_eq!(get_value(&q, "held").as_deref(), Some("3"));
+    // Unknown and unsupported flags fail clearly.
+    for (flag, want) in [
+        ("--no-such-flag", "unexpected argument"),
+        ("--resolver-prefix=x", "not supported"),
+        ("--leasing-shared", "needs --experimental-leasing-prefix"),
+    ] {
+        let out = Command::new(common::kvd_bin())
+            .args(["grpc-proxy", "start", flag])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{flag}: {err}");
+    }
+}
+
+/// TLS on both sides, with etcd's grpc-proxy flags: `--cacert`/`--cert`/`--key` to a cluster
+/// that requires client certificates, `--cert-file`/`--key-file`/`--trusted-ca-file` to the
+/// proxy's own clients.
+#[test]
+fn the_proxy_speaks_tls_to_its_clients_and_to_its_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = common::pki::Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let client = ca.issue("client", "client");
+    let (m, _kvd) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &client);
+    let path = |p: &std::path::Path| p.display().to_string();
+    let metrics = format!("http://127.0.0.1:{}", common::free_port());
+    let flags = [
+        PREFIX.to_string(),
+        format!("--metrics-addr={metrics}"),
+        format!("--cacert={}", path(&ca.cert)),
+        format!("--cert={}", path(&client.cert)),
+        format!("--key={}", path(&client.key)),
+        format!("--cert-file={}", path(&server.cert)),
+        format!("--key-file={}", path(&server.key)),
+        format!("--trusted-ca-file={}", path(&ca.cert)),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let p = Proc::grpc_proxy("proxy", dir.path(), &m.client_hostport(), &flags);
+    let tls = client.ctl_flags(&ca.cert);
+    let ctl_tls = |args: &[&str]| {
+        let mut all: Vec<&str> = tls.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        ctl(&p.addrs.endpoint(), &all)
+    };
+    p.wait_for("the proxy to answer over TLS", 20, || {
+        ctl_tls(&["put", "k", "v"]).status.success()
+    });
+    for _ in 0..3 {
+        let out = ctl_tls(&["get", "k", "--print-value-only"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "v\n");
+    }
+    // Its metrics on --metrics-addr, in the clear.
+    let (code, body) = common::http_get(&metrics, "/metrics");
+    assert_eq!(code, 200);
+    let hits = body
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_grpc_proxy_cache_hits_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(hits >= Some(1), "{body}");
+    // A client in the clear, or without a certificate, is refused.
+    assert!(!via(&p, &["get", "k"]).0);
+}

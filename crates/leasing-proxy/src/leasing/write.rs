@@ -297,6 +297,10 @@ impl Leasing {
                     if self.is_own_holder(key, l, lease, own) {
                         continue;
                     }
+                    if l.value == REVOKE && l.mod_revision == header.revision {
+                        // Revoked by this very txn's failure branch.
+                        self.metrics.revocations_sent.inc();
+                    }
                     gone.push(l.clone());
                 }
             }
