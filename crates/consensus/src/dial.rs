@@ -82,6 +82,14 @@ impl Dialer {
         Ok(ep(e))
     }
 
+    /// A byte stream to `url` (`http://` or `https://`), for a client of its own.
+    pub async fn stream(&self, url: &str) -> io::Result<PeerStream> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| io::Error::other(format!("bad URL {url}: {e}")))?;
+        Ok(self.dial(uri).await?.into_inner())
+    }
+
     async fn dial(&self, uri: Uri) -> io::Result<TokioIo<PeerStream>> {
         let host = uri
             .host()

@@ -60,18 +60,28 @@ fn connect(f: &ProxyFlags, policy: &tls::Policy) -> Result<leasing_proxy::Connec
     let keepalive = duration("dial-keepalive-time", &f.dial_keepalive_time)?;
     let keepalive_timeout = duration("dial-keepalive-timeout", &f.dial_keepalive_timeout)?;
     let while_idle = f.permit_without_stream;
-    Ok(Arc::new(move |url: &str| {
-        dialer.channel(url, |ep| {
-            let ep = ep.connect_timeout(dial_timeout).tcp_nodelay(true);
-            if keepalive.is_zero() {
-                ep
-            } else {
-                ep.http2_keep_alive_interval(keepalive)
-                    .keep_alive_timeout(keepalive_timeout)
-                    .keep_alive_while_idle(while_idle)
-            }
-        })
-    }))
+    let streams = dialer.clone();
+    Ok(leasing_proxy::Connect {
+        channel: Arc::new(move |url: &str| {
+            dialer.channel(url, |ep| {
+                let ep = ep.connect_timeout(dial_timeout).tcp_nodelay(true);
+                if keepalive.is_zero() {
+                    ep
+                } else {
+                    ep.http2_keep_alive_interval(keepalive)
+                        .keep_alive_timeout(keepalive_timeout)
+                        .keep_alive_while_idle(while_idle)
+                }
+            })
+        }),
+        dial: Arc::new(move |url: String| {
+            let d = streams.clone();
+            Box::pin(async move {
+                let s = d.stream(&url).await?;
+                Ok(Box::new(s) as Box<dyn leasing_proxy::Io>)
+            })
+        }),
+    })
 }
 
 /// The listener's TLS, if any (`--cert-file`/`--key-file`, or `--auto-tls`).

@@ -430,8 +430,9 @@ impl Cache {
         Some(keys[0].0.clone())
     }
 
-    /// `key` was given up on another's request: not taken again for the backoff, doubled
-    /// (up to 32 times) when it was given up again within twice its last backoff.
+    /// `key` was given up on another's request, or could not be taken (another holds it, or
+    /// it has a lease): not taken again for the backoff, doubled (up to 32 times) when it
+    /// happens again within twice its last backoff.
     pub fn backoff(&self, key: &[u8]) {
         let mut r = self.revoked.lock();
         let now = Instant::now();

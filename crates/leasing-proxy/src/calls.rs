@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use api::etcdserverpb::auth_client::AuthClient;
 use api::etcdserverpb::cluster_client::ClusterClient;
-use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::lease_client::LeaseClient;
 use api::etcdserverpb::maintenance_client::MaintenanceClient;
 use api::etcdserverpb::*;
@@ -49,7 +48,6 @@ macro_rules! client {
 }
 
 impl Calls {
-    client!(kv, KvClient);
     client!(lease, LeaseClient);
     client!(cluster, ClusterClient);
     client!(maintenance, MaintenanceClient);
@@ -76,11 +74,26 @@ impl Calls {
             .inspect_err(|s| self.up.failed(i, s))
     }
 
+    /// A unary KV call on the current endpoint, over HTTP/2 directly.
+    async fn kv_call<Req: Message, Resp: Message + Default>(
+        &self,
+        path: &'static str,
+        creds: &Creds,
+        req: &Req,
+    ) -> Result<Resp, Status> {
+        self.check_send(req)?;
+        let (i, _) = self.up.channel();
+        self.metrics.upstream.inc();
+        self.up
+            .h2
+            .call(i, path, req, creds.header())
+            .await
+            .inspect_err(|s| self.up.failed(i, s))
+    }
+
     pub async fn range(&self, creds: &Creds, mut r: RangeRequest) -> Result<RangeResponse, Status> {
         self.ns.range(&mut r);
-        self.check_send(&r)?;
-        let (i, mut c) = self.kv();
-        let mut resp = self.answer(i, c.range(creds.request(r)).await)?;
+        let mut resp: RangeResponse = self.kv_call("/etcdserverpb.KV/Range", creds, &r).await?;
         self.up.saw(resp.header.as_ref());
         self.ns.range_resp(&mut resp);
         Ok(resp)
@@ -88,9 +101,7 @@ impl Calls {
 
     pub async fn put(&self, creds: &Creds, mut r: PutRequest) -> Result<PutResponse, Status> {
         self.ns.put(&mut r);
-        self.check_send(&r)?;
-        let (i, mut c) = self.kv();
-        let mut resp = self.answer(i, c.put(creds.request(r)).await)?;
+        let mut resp: PutResponse = self.kv_call("/etcdserverpb.KV/Put", creds, &r).await?;
         self.up.saw(resp.header.as_ref());
         self.ns.put_resp(&mut resp);
         Ok(resp)
@@ -102,9 +113,9 @@ impl Calls {
         mut r: DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, Status> {
         self.ns.delete_range(&mut r);
-        self.check_send(&r)?;
-        let (i, mut c) = self.kv();
-        let mut resp = self.answer(i, c.delete_range(creds.request(r)).await)?;
+        let mut resp: DeleteRangeResponse = self
+            .kv_call("/etcdserverpb.KV/DeleteRange", creds, &r)
+            .await?;
         self.up.saw(resp.header.as_ref());
         self.ns.delete_resp(&mut resp);
         Ok(resp)
@@ -112,9 +123,7 @@ impl Calls {
 
     pub async fn txn(&self, creds: &Creds, mut t: TxnRequest) -> Result<TxnResponse, Status> {
         self.ns.txn(&mut t);
-        self.check_send(&t)?;
-        let (i, mut c) = self.kv();
-        let mut resp = self.answer(i, c.txn(creds.request(t)).await)?;
+        let mut resp: TxnResponse = self.kv_call("/etcdserverpb.KV/Txn", creds, &t).await?;
         self.up.saw(resp.header.as_ref());
         self.ns.txn_resp(&mut resp);
         Ok(resp)
@@ -125,8 +134,7 @@ impl Calls {
         creds: &Creds,
         r: CompactionRequest,
     ) -> Result<CompactionResponse, Status> {
-        let (i, mut c) = self.kv();
-        let resp = self.answer(i, c.compact(creds.request(r)).await)?;
+        let resp: CompactionResponse = self.kv_call("/etcdserverpb.KV/Compact", creds, &r).await?;
         self.up.saw(resp.header.as_ref());
         Ok(resp)
     }

@@ -151,6 +151,11 @@ impl Leasing {
                 let kv = resp.kvs.first().filter(|kv| kv.key == r.key).cloned();
                 self.cache.learn(&r.key, lk_rev, epoch, kv, at);
             }
+            // A key with a lease is never held (it can vanish without a write): no txn
+            // is spent trying, as the answer shows it.
+            Ticket::Miss if resp.kvs.first().is_some_and(|kv| kv.lease != 0) => {
+                self.cache.backoff(&r.key)
+            }
             Ticket::Miss => self.start_acquire(&r.key),
             _ => {}
         }

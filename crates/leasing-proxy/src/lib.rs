@@ -36,11 +36,12 @@
 mod cache;
 mod calls;
 mod forward;
-mod http;
+mod h2call;
 mod kv;
 mod leasing;
 mod metrics;
 mod namespace;
+mod routes;
 mod session;
 mod upstream;
 mod watch;
@@ -60,6 +61,7 @@ use api::v3electionpb::election_server::ElectionServer;
 use api::v3lockpb::lock_server::LockServer;
 use tonic::{Request, Response, Status, Streaming};
 
+pub use h2call::{Dial, Io};
 pub use leasing::Options as LeasingOptions;
 pub use leasing::{REVOKE, SHARED};
 pub use metrics::Metrics;
@@ -137,7 +139,12 @@ impl Proxy {
     /// Starts the proxy's own work (the leasing session and its watches), inside a tokio
     /// runtime. Only `--leasing-shared` asks the cluster anything before it returns.
     pub async fn start(cfg: Config, connect: Connect) -> Result<Proxy, String> {
-        let up = Arc::new(Upstream::new(&cfg.endpoints, &connect)?);
+        let up = Arc::new(Upstream::new(
+            &cfg.endpoints,
+            &connect,
+            cfg.dial_timeout,
+            cfg.max_recv_bytes,
+        )?);
         let calls = Calls {
             up,
             ns: namespace::Namespace::new(&cfg.namespace),
@@ -202,7 +209,7 @@ impl Proxy {
             .add_service(limits!(ElectionServer::new(self.forward.clone())))
             .into_axum_router();
         grpc.merge(self.http_routes())
-            .fallback(http::fallback)
+            .fallback(routes::fallback)
             .layer(axum::middleware::map_response(
                 |mut r: axum::response::Response| async move {
                     grpc_wire::rewrite_limit_status(r.headers_mut());
@@ -213,11 +220,11 @@ impl Proxy {
 
     /// What `--metrics-addr` serves: `/metrics` and `/health`.
     pub fn metrics_router(&self) -> axum::Router {
-        self.http_routes().fallback(http::fallback)
+        self.http_routes().fallback(routes::fallback)
     }
 
     fn http_routes(&self) -> axum::Router {
-        http::router(http::Http {
+        routes::router(routes::Http {
             calls: self.calls.clone(),
             leasing: self.leasing.clone(),
         })

@@ -6,18 +6,37 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use api::etcdserverpb::ResponseHeader;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-/// Builds a channel to an endpoint URL (plain or TLS: the binary decides).
-pub type Connect = Arc<dyn Fn(&str) -> Result<Channel, String> + Send + Sync>;
+use crate::h2call::{Dial, H2Calls};
+
+/// Builds a tonic channel to an endpoint URL.
+pub type ChannelFn = Arc<dyn Fn(&str) -> Result<Channel, String> + Send + Sync>;
+
+/// How the proxy reaches an endpoint URL (plain or TLS: the binary decides): a tonic
+/// channel, and a byte stream for [`H2Calls`].
+#[derive(Clone)]
+pub struct Connect {
+    pub channel: ChannelFn,
+    pub dial: Dial,
+}
+
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connect")
+    }
+}
 
 /// The upstream cluster.
 pub struct Upstream {
     endpoints: Vec<(String, Channel)>,
+    /// The hot unary calls, over HTTP/2 directly.
+    pub h2: H2Calls,
     current: AtomicUsize,
     /// The newest revision any upstream answer showed, and the ids of the last header.
     revision: AtomicI64,
@@ -39,15 +58,22 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    pub fn new(endpoints: &[String], connect: &Connect) -> Result<Upstream, String> {
+    pub fn new(
+        endpoints: &[String],
+        connect: &Connect,
+        dial_timeout: Duration,
+        max_recv: usize,
+    ) -> Result<Upstream, String> {
         if endpoints.is_empty() {
             return Err("--endpoints: no endpoint given".into());
         }
+        let h2 = H2Calls::new(endpoints, connect.dial.clone(), dial_timeout, max_recv);
         let endpoints = endpoints
             .iter()
-            .map(|e| Ok((e.clone(), connect(e)?)))
+            .map(|e| Ok((e.clone(), (connect.channel)(e)?)))
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Upstream {
+            h2,
             endpoints,
             current: AtomicUsize::new(0),
             revision: AtomicI64::new(0),
@@ -147,6 +173,11 @@ impl Creds {
 
     pub fn is_some(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// The credential header, as a name and value.
+    pub fn header(&self) -> Option<(&'static str, &[u8])> {
+        self.0.as_ref().map(|(k, v)| (*k, v.as_bytes()))
     }
 
     /// `msg` as a request carrying these credentials.

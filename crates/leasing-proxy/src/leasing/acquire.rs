@@ -65,6 +65,8 @@ impl Leasing {
         let rev = resp.header.as_ref().map_or(0, |h| h.revision);
         if !resp.succeeded {
             self.cache.abort_acquire(&key);
+            // Held elsewhere, or leased: not tried again for a while (each try is a write).
+            self.cache.backoff(&key);
             // A leasing key of this session's left over (a taking whose answer was lost, or one
             // already revoked): a writer may be waiting for it to go.
             let left = resp.responses.first().and_then(range_of);
