@@ -16,12 +16,14 @@ impl Leasing {
     /// place, the key was not given up a moment ago, and it is not held or being taken.
     pub(super) fn start_acquire(self: &Arc<Self>, key: &[u8]) {
         let Some((lease, generation)) = self.session.current() else {
+            tracing::trace!("not taking a key: no session");
             return;
         };
-        if *self.watching.borrow() != generation || !self.cache.may_acquire(key) {
+        if *self.watching.borrow() != generation {
+            tracing::trace!("not taking a key: the revocation watch is not in place");
             return;
         }
-        if !self.cache.begin_acquire(key) {
+        if !self.cache.may_acquire(key) || !self.cache.begin_acquire(key) {
             return;
         }
         let me = self.clone();
@@ -64,6 +66,7 @@ impl Leasing {
         };
         let rev = resp.header.as_ref().map_or(0, |h| h.revision);
         if !resp.succeeded {
+            tracing::trace!(key = %String::from_utf8_lossy(&key), "not taken: held elsewhere, or leased");
             self.cache.abort_acquire(&key);
             // Held elsewhere, or leased: not tried again for a while (each try is a write).
             self.cache.backoff(&key);

@@ -33,6 +33,7 @@ func main() {
 	leased := flag.Bool("leased", false, "attach every key to a lease (a leasing proxy never holds them)")
 	serializable := flag.Bool("serializable", false, "serializable reads")
 	prefill := flag.Bool("prefill", true, "put every key once before the run")
+	prefix := flag.String("prefix", "kvload/", "the keys' prefix")
 	flag.Parse()
 
 	var cs []pb.KVClient
@@ -56,13 +57,22 @@ func main() {
 		}
 		leaseID = r.ID
 	}
-	key := func(i int) []byte { return []byte(fmt.Sprintf("kvload/%06d", i)) }
+	key := func(i int) []byte { return []byte(fmt.Sprintf("%s%06d", *prefix, i)) }
 	if *prefill {
-		for i := 0; i < *keys; i++ {
-			if _, err := cs[0].Put(ctx, &pb.PutRequest{Key: key(i), Value: []byte("v"), Lease: leaseID}); err != nil {
-				log.Fatal(err)
-			}
+		// Every key put once, by all the clients at once.
+		var fill sync.WaitGroup
+		for c := 0; c < *clients; c++ {
+			fill.Add(1)
+			go func(c int) {
+				defer fill.Done()
+				for i := c; i < *keys; i += *clients {
+					if _, err := cs[c%len(cs)].Put(ctx, &pb.PutRequest{Key: key(i), Value: []byte("v"), Lease: leaseID}); err != nil {
+						log.Fatal(err)
+					}
+				}
+			}(c)
 		}
+		fill.Wait()
 	}
 	var mu sync.Mutex
 	var reads, puts []time.Duration
