@@ -588,3 +588,40 @@ fn the_proxy_speaks_tls_to_its_clients_and_to_its_cluster() {
     // A client in the clear, or without a certificate, is refused.
     assert!(!via(&p, &["get", "k"]).0);
 }
+
+/// etcd's JSON gateway on the proxy's port (etcd's proxy has none): writes through the
+/// leasing protocol, reads from the cache, a lease, and errors as the gateway writes them.
+#[test]
+fn the_json_gateway_works_through_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let p = Proc::grpc_proxy("proxy", dir.path(), &m.endpoint(), &[PREFIX]);
+    p.wait_for("the proxy to answer", 20, || via(&p, &["get", "x"]).0);
+    let post =
+        |path: &str, body: &str| common::http_request(&p.addrs.client, "POST", path, &[], body);
+    // base64: "gk" = Z2s=, "v1" = djE=
+    let (code, body) = post("/v3/kv/put", r#"{"key":"Z2s=","value":"djE="}"#);
+    assert_eq!(code, 200, "{body}");
+    for _ in 0..3 {
+        let (code, body) = post("/v3/kv/range", r#"{"key":"Z2s="}"#);
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains(r#""value":"djE=""#), "{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(p.metric("etcd_grpc_proxy_cache_hits_total") >= 1);
+    let (code, body) = post("/v3/lease/grant", r#"{"TTL":"30"}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(r#""TTL":"30""#), "{body}");
+    let (code, body) = post("/v3/kv/put", r#"{"key":"","value":"djE="}"#);
+    assert_eq!(
+        (code, body.as_str()),
+        (
+            400,
+            r#"{"code":3,"message":"etcdserver: key is not provided"}"#
+        )
+    );
+    assert_eq!(
+        ctl_ok(&m.endpoint(), &["get", "gk", "--print-value-only"]),
+        "v1\n"
+    );
+}

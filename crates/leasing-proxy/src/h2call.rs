@@ -219,35 +219,7 @@ impl H2Calls {
 
 /// The gRPC status a header map carries, unless it is OK.
 fn status_of(h: &http::HeaderMap) -> Option<Status> {
-    let code = h.get("grpc-status")?.to_str().ok()?.parse::<i32>().ok()?;
-    if code == 0 {
-        return None;
-    }
-    let msg = h
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .map(percent_decode)
-        .unwrap_or_default();
-    Some(Status::new(Code::from_i32(code), msg))
-}
-
-/// gRPC's percent-encoding of `grpc-message`, undone.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    Status::from_header_map(h).filter(|s| s.code() != Code::Ok)
 }
 
 #[cfg(test)]
@@ -255,18 +227,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grpc_messages_are_percent_decoded() {
-        assert_eq!(
-            percent_decode("etcdserver:%20key%20is%20not%20provided"),
-            "etcdserver: key is not provided"
-        );
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%zz"), "%zz");
+    fn a_status_in_the_headers_is_read() {
         let mut h = http::HeaderMap::new();
         h.insert("grpc-status", "3".parse().unwrap());
-        h.insert("grpc-message", "bad%20key".parse().unwrap());
+        h.insert(
+            "grpc-message",
+            "etcdserver:%20key%20is%20not%20provided".parse().unwrap(),
+        );
         let s = status_of(&h).unwrap();
-        assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "bad key"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "etcdserver: key is not provided")
+        );
         h.insert("grpc-status", "0".parse().unwrap());
         assert!(status_of(&h).is_none());
     }

@@ -188,8 +188,8 @@ impl Proxy {
         Arc::new(kv::KvCalls(self.kv.clone()))
     }
 
-    /// Every gRPC service (the KV calls too, for clients that compress), `/health` and
-    /// `/metrics`; gRPC's UNIMPLEMENTED for other services, 404 for other paths.
+    /// Every gRPC service (the KV calls too, for clients that compress), the JSON gateway,
+    /// `/health` and `/metrics`; gRPC's UNIMPLEMENTED for other services, 404 for other paths.
     pub fn router(&self) -> axum::Router {
         // The proxy's own receive limit is grpc-go's default (etcd's proxy sets none).
         const RECV: usize = 4 << 20;
@@ -208,7 +208,11 @@ impl Proxy {
             .add_service(limits!(LockServer::new(self.forward.clone())))
             .add_service(limits!(ElectionServer::new(self.forward.clone())))
             .into_axum_router();
-        grpc.merge(self.http_routes())
+        // The JSON gateway on the same port (etcd's proxy has none), its calls made to the
+        // proxy's own services.
+        let gateway = gateway::router(grpc.clone(), RECV);
+        grpc.merge(gateway)
+            .merge(self.http_routes())
             .fallback(routes::fallback)
             .layer(axum::middleware::map_response(
                 |mut r: axum::response::Response| async move {

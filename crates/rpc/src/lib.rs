@@ -14,7 +14,6 @@ pub mod compactor;
 mod concurrency;
 mod error;
 mod fast;
-mod gateway;
 mod http;
 mod kv;
 mod lease;
@@ -98,7 +97,11 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     let grpc = grpc_services(core)
         .add_service(health_service)
         .into_axum_router();
-    let gateway = gateway::router(core, core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES);
+    // The JSON gateway makes its calls to the gRPC router, as etcd's dials its own port.
+    let gateway = gateway::router(
+        grpc.clone(),
+        core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
+    );
     let finish = |r: axum::Router| {
         r.fallback(http::fallback)
             .layer(axum::middleware::map_response(http::grpc_limit_error))
