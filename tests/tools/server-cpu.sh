@@ -7,12 +7,12 @@
 # mixed-s and mixed-l time one client's serializable or linearizable reads while 10 other
 # clients put as fast as they can, and print the reads' latency (the CPU then includes the puts).
 # Usage:  [THREADS=1] [N=requests] server-cpu.sh path/to/server put1|put100|range-l|range-s|mixed-s|mixed-l
-# Needs: ../shared/tools/etcd-peers.sh (builds etcdctl and benchmark once).
+# Needs: go (tests/tools/etcd-tools.sh builds etcdctl and benchmark once).
 set -euo pipefail
 exe=$(readlink -f "${1:?usage: server-cpu.sh path/to/server workload}")
 wl=${2:?usage: server-cpu.sh path/to/server workload}
 here=$(cd "$(dirname "$0")" && pwd)
-bin=$("$here/../../../shared/tools/etcd-peers.sh")
+bin=$("$here/etcd-tools.sh" --with-benchmark)
 d=$(mktemp -d)
 "$exe" --name bench --data-dir "$d/data" \
   --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \

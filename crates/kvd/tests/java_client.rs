@@ -22,6 +22,13 @@ fn jetcd_works_against_kvd_as_against_etcd() {
     let client = ca.issue("client", "client");
     let (kt, _kvd_tls) = Proc::single_kvd_tls(dir.path(), &server, &ca.cert, &client);
     let (et, _etcd_tls) = Proc::single_etcd_tls(dir.path(), &server, &ca.cert, &client);
+    // jetcd through a kvd leasing proxy in front of kvd too.
+    let proxy = Proc::grpc_proxy(
+        "proxy",
+        dir.path(),
+        &k.endpoint(),
+        &["--experimental-leasing-prefix=_lease/"],
+    );
 
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let build = tmp.join("java-client");
@@ -35,8 +42,8 @@ fn jetcd_works_against_kvd_as_against_etcd() {
             .arg(format!("-Dmaven.repo.local={}", tmp.join("m2").display()))
             .arg(format!("-Dkvd.build.dir={}", build.display()))
             .arg(format!(
-                "-Dendpoints=kvd={},etcd={},kvd-tls={},etcd-tls={}",
-                k.client, e.client, kt.client, et.client
+                "-Dendpoints=kvd={},etcd={},kvd-tls={},etcd-tls={},kvd-proxy={}",
+                k.client, e.client, kt.client, et.client, proxy.addrs.client
             ))
             .arg(format!("-Dtls.cacert={}", ca.cert.display()))
             .arg(format!("-Dtls.cert={}", client.cert.display()))
@@ -47,7 +54,7 @@ fn jetcd_works_against_kvd_as_against_etcd() {
     let report = std::fs::read_to_string(reports.join("TEST-kvd.JetcdTest.xml")).unwrap();
     let suite = report.lines().find(|l| l.contains("<testsuite ")).unwrap();
     for want in [
-        r#"tests="20""#,
+        r#"tests="25""#,
         r#"failures="0""#,
         r#"errors="0""#,
         r#"skipped="0""#,

@@ -415,6 +415,25 @@ fn a_kvd_proxy_and_an_etcd_leasing_proxy_share_a_prefix() {
             .iter()
             .any(|(key, v)| key == "_lease/b" && v.is_empty())
     });
+    // A --leasing-shared proxy refuses to start beside it (etcd's writers would not respect
+    // shared leases).
+    let out = Command::new(common::kvd_bin())
+        .args([
+            "grpc-proxy",
+            "start",
+            "--endpoints",
+            &m.endpoint(),
+            PREFIX,
+            "--leasing-shared",
+        ])
+        .arg(format!("--listen-addr=127.0.0.1:{}", common::free_port()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("an etcd proxy holds a leasing key"),
+        "{err}"
+    );
     let sent = k.metric("kvd_leasing_revocations_sent_total");
     assert!(via(&k, &["put", "b", "2"]).0);
     assert!(k.metric("kvd_leasing_revocations_sent_total") > sent);

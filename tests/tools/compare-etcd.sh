@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# kvd against etcd v3.6.5 over mutual TLS (and, in the tls-auth mode, with auth on and a
-# token), under etcd's own `benchmark` tool, in one run on this machine. Each workload runs
-# against a fresh single-member etcd and a fresh single-member kvd, taking turns, both given
-# the same certificates (made here with openssl: an EC P-256 CA, a server certificate for
-# 127.0.0.1 and a client certificate), and prints for both: requests/s, p99 latency and the
-# server process's own CPU time per request (user+sys), then kvd/etcd for throughput (above
-# 1: kvd is faster) and etcd/kvd for CPU (above 1: kvd is leaner).
-# Usage:  compare-tls.sh path/to/kvd [workload ...]
+# kvd against etcd v3.6.5 under etcd's own `benchmark` tool, in one run on this machine: in
+# the clear (plain), over mutual TLS (tls), and over mutual TLS with auth on and a token
+# (tls-auth). Each workload runs against a fresh single-member etcd and a fresh single-member
+# kvd, taking turns, both given the same certificates (made here with openssl: an EC P-256
+# CA, a server certificate for 127.0.0.1 and a client certificate), and prints for both:
+# requests/s, p99 latency and the server process's own CPU time per request (user+sys), then
+# kvd/etcd for throughput (above 1: kvd is faster) and etcd/kvd for CPU (above 1: kvd is
+# leaner).
+# Usage:  compare-etcd.sh path/to/kvd [workload ...]
 #   workloads: put1 put100 range-l range-s (default: put100 range-l range-s)
-#   MODES="tls tls-auth" (default: both); SCALE=0.2 shortens every workload (default 1).
+#   MODES="plain tls tls-auth" (default: all three); SCALE=0.2 shortens every workload.
 # Needs: go (tests/tools/etcd-tools.sh builds etcd, etcdctl and benchmark once), openssl.
 set -euo pipefail
-kvd=$(readlink -f "${1:?usage: compare-tls.sh path/to/kvd [workload ...]}"); shift
+kvd=$(readlink -f "${1:?usage: compare-etcd.sh path/to/kvd [workload ...]}"); shift
 workloads=${*:-put100 range-l range-s}
-modes=${MODES:-tls tls-auth}
+modes=${MODES:-plain tls tls-auth}
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh" --with-benchmark)
-command -v openssl >/dev/null || { echo "compare-tls.sh needs openssl" >&2; exit 2; }
+command -v openssl >/dev/null || { echo "compare-etcd.sh needs openssl" >&2; exit 2; }
 scale=${SCALE:-1}
 n() { awk -v a="$1" -v s="$scale" 'BEGIN{v=int(a*s); if (v<100) v=100; print v}'; }
 work=$(mktemp -d)
@@ -35,18 +36,23 @@ for who in server client; do
   openssl x509 -req -in "$pki/$who.csr" -CA "$pki/ca.pem" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 2 -extfile "$pki/$who.ext" -out "$pki/$who.pem" 2>/dev/null
 done
-client_tls="--cacert $pki/ca.pem --cert $pki/client.pem --key $pki/client.key"
-ep=https://127.0.0.1:23790
+tls_flags="--cacert $pki/ca.pem --cert $pki/client.pem --key $pki/client.key"
+client_tls= ep=
 ctl() { "$bin/etcdctl" --endpoints "$ep" $client_tls "$@"; }
 
 start() { # server-binary mode -> starts it, waits until it takes a write, sets up auth
-  local exe=$1 mode=$2 d=$work/data-$RANDOM
+  local exe=$1 mode=$2 d=$work/data-$RANDOM server_tls=()
+  if [ "$mode" = plain ]; then
+    ep=http://127.0.0.1:23790 client_tls=
+  else
+    ep=https://127.0.0.1:23790 client_tls=$tls_flags
+    server_tls=(--cert-file "$pki/server.pem" --key-file "$pki/server.key"
+      --trusted-ca-file "$pki/ca.pem" --client-cert-auth)
+  fi
   "$exe" --name bench --data-dir "$d" \
     --listen-client-urls "$ep" --advertise-client-urls "$ep" \
     --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-    --initial-cluster bench=http://127.0.0.1:23800 \
-    --cert-file "$pki/server.pem" --key-file "$pki/server.key" \
-    --trusted-ca-file "$pki/ca.pem" --client-cert-auth >"$work/server.log" 2>&1 &
+    --initial-cluster bench=http://127.0.0.1:23800 "${server_tls[@]}" >"$work/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 150); do
     ctl --dial-timeout 500ms --command-timeout 1s put __ready__ 1 >/dev/null 2>&1 && break
