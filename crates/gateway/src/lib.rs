@@ -219,7 +219,9 @@ where
 }
 
 /// Anything but POST (and a CORS preflight) on a gateway path, as grpc-gateway answers it.
-async fn method_not_allowed(method: Method) -> Response {
+async fn method_not_allowed(method: Method, body: Body) -> Response {
+    // Read first, as in `not_found`.
+    let _ = axum::body::to_bytes(body, usize::MAX).await;
     if method == Method::OPTIONS {
         return with_headers(StatusCode::OK.into_response(), false);
     }
@@ -228,7 +230,10 @@ async fn method_not_allowed(method: Method) -> Response {
     r
 }
 
-async fn not_found() -> Response {
+/// A path etcd's gateway does not have. The body is read first: a connection closed with a
+/// request's bytes unread is reset, and the client may lose the answer with it.
+async fn not_found(body: Body) -> Response {
+    let _ = axum::body::to_bytes(body, usize::MAX).await;
     error(&Status::not_found("Not Found"))
 }
 

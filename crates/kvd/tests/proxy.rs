@@ -275,6 +275,18 @@ fn watches_locks_and_elections_through_the_proxy() {
     // MemberList names the proxy, as etcd's proxy does.
     let members = ctl_ok(&p, &["member", "list"]);
     assert!(members.contains(&p), "{members}");
+    // Maintenance through the proxy: the member's status, a snapshot stream.
+    let status = ctl_ok(&p, &["endpoint", "status", "-w", "json"]);
+    assert!(common::json_number(&status, "leader").is_some(), "{status}");
+    let snap = dir.path().join("snap.db");
+    ctl_ok(&p, &["snapshot", "save", &snap.display().to_string()]);
+    assert!(std::fs::metadata(&snap).unwrap().len() > 0);
+    // Health, as etcd's proxy answers it.
+    let (code, body) = common::http_get(&proxy.addrs.client, "/health");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, r#"{"health":"true","reason":""}"#)
+    );
 }
 
 /// Reads `key` through `p` until the proxy holds it (its read answered from the cache).
@@ -389,6 +401,13 @@ fn the_cache_holds_no_more_keys_or_bytes_than_it_may() {
         assert!(bytes <= 20480 + 4096 + 512, "{bytes} bytes held");
     }
     assert!(q.metric("kvd_leasing_evictions_total") > 0);
+    // A proxy stopped cleanly (SIGTERM) revokes its session lease: its leasing keys go at
+    // once, and no writer waits for them to expire.
+    let (mut p, mut q) = (p, q);
+    assert!(!leasing_keys(&m.endpoint()).is_empty());
+    assert!(p.terminate().success());
+    assert!(q.terminate().success());
+    assert_eq!(leasing_keys(&m.endpoint()), Vec::<(String, String)>::new());
 }
 
 /// A kvd proxy and etcd 3.6.5's leasing proxy on one prefix: each sees the other's writes,

@@ -217,13 +217,11 @@ impl Leasing {
         tracing::warn!(key = %String::from_utf8_lossy(&lk), "could not delete a leasing key: it goes when the session lease expires");
     }
 
-    /// Gives every held key up (a clean shutdown, before the session lease is revoked).
-    pub async fn release_all(&self) {
-        let lease = self.session.lease();
-        for (k, r) in self.cache.drain() {
-            if r.generation == self.session.generation() && lease != 0 {
-                self.delete_lk(self.keys.own(&k, lease), r.lk_rev).await;
-            }
+    /// Serves nothing more from the cache (a clean shutdown: the session lease is revoked
+    /// next, and its leasing keys with it).
+    pub fn forget_all(&self) {
+        for (k, _) in self.cache.drain() {
+            self.stop_key_watch(&k);
         }
     }
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds kvd's container image: the release binary (or KVD_BIN), stripped, with the dynamic
+# loader and the libraries it links, into a context for the repository's Containerfile, and
+# then `podman build` (or `docker build`: CONTAINER_TOOL=docker).
+# Usage:  tests/tools/image.sh [tag]          (default tag: kvd:latest)
+#   KVD_BIN=path/to/kvd   use that binary instead of building target/release/kvd
+# Needs: podman (apt-get install -y podman runc) or docker; strip and ldd (binutils, libc-bin).
+set -euo pipefail
+tag=${1:-kvd:latest}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+tool=${CONTAINER_TOOL:-podman}
+bin=${KVD_BIN:-}
+if [ -z "$bin" ]; then
+  (cd "$here" && cargo build --release -p kvd)
+  bin=$here/target/release/kvd
+fi
+ctx=$(mktemp -d)
+trap 'rm -rf "$ctx"' EXIT
+root=$ctx/rootfs
+mkdir -p "$root/usr/local/bin" "$root/etc" "$ctx/data/kvd"
+strip -o "$root/usr/local/bin/kvd" "$bin"
+# What the binary links (ldd), at the paths the loader looks for them.
+ldd "$bin" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
+  mkdir -p "$root$(dirname "$lib")"
+  cp -L "$lib" "$root$lib"
+done
+echo 'kvd:x:65532:65532:kvd:/var/lib/kvd:/nonexistent' >"$root/etc/passwd"
+echo 'kvd:x:65532:' >"$root/etc/group"
+echo 'hosts: files dns' >"$root/etc/nsswitch.conf"
+chmod 700 "$ctx/data/kvd"
+cp "$here/Containerfile" "$ctx/Containerfile"
+"$tool" build -q -t "$tag" -f "$ctx/Containerfile" "$ctx" >/dev/null
+size=$("$tool" image inspect "$tag" --format '{{.Size}}')
+echo "$tag $size"
