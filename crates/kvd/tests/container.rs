@@ -2,8 +2,8 @@
 //! (from this test's kvd binary), three members on a podman network addressed by their
 //! container names, a named volume each, etcdctl from the host through published ports. A
 //! leader stopped with `podman stop` (SIGTERM) exits cleanly and catches up when started again
-//! on its volume; a member SIGKILLed under a write load loses no acknowledged write; the image
-//! runs as a non-root user and has no shell. Every container, network, volume and the image
+//! on its volume; a member SIGKILLed under a write load loses no acknowledged write; SIGINT
+//! stops one cleanly too; the image runs as a non-root user and has no shell. Every container, network, volume and the image
 //! are removed when the test ends, failed or not.
 //!
 //! podman is installed with apt-get when it is missing (`apt-get install -y podman runc`).
@@ -304,4 +304,23 @@ fn a_three_member_cluster_of_containers() {
         );
         assert_eq!(v, "v\n", "{key} acknowledged, then lost");
     }
+    // SIGINT (a terminal's ^C, `docker kill -s INT`) stops a member cleanly too.
+    podman_ok(&["kill", "--signal", "INT", &members[victim].name]);
+    wait_for("the member to stop on SIGINT", 20, || {
+        podman_ok(&[
+            "inspect",
+            &members[victim].name,
+            "--format",
+            "{{.State.Running}}",
+        ]) == "false"
+    });
+    assert_eq!(
+        podman_ok(&[
+            "inspect",
+            &members[victim].name,
+            "--format",
+            "{{.State.ExitCode}}"
+        ]),
+        "0"
+    );
 }
