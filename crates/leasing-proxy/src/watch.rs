@@ -230,7 +230,10 @@ impl Scope {
             created: false,
         };
         let key = (c.key.clone(), c.range_end.clone());
-        let range = self.ranges.lock().entry(key.clone()).or_default().clone();
+        // Held until the watcher is in a broadcast, so that `remove` cannot drop the range
+        // from the map meanwhile (the same order as `remove`: the ranges, then the casts).
+        let mut ranges = self.ranges.lock();
+        let range = ranges.entry(key.clone()).or_default().clone();
         let mut casts = range.casts.lock();
         // A broadcast this watcher can join without missing an event.
         let fit = casts.iter_mut().find(|(_, b)| {

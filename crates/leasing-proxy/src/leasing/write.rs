@@ -304,7 +304,11 @@ impl Leasing {
                     gone.push(l.clone());
                 }
             }
-            self.revoke_and_wait(creds, gone, until).await?;
+            if let Err(s) = self.revoke_and_wait(creds, gone, until).await {
+                // The guard failed: nothing was written; the keys held stay held.
+                writes.end_all(|| WriteOutcome::NotApplied);
+                return Err(s);
+            }
         }
     }
 
