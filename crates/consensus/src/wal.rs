@@ -15,7 +15,9 @@
 //! Torn or corrupt: a damaged record is taken as torn only if (like etcd's check) it runs past the
 //! end of the file or one of its 512-byte disk sectors is all zeros — what an interrupted write
 //! into a zero-filled file leaves — *and* no valid record follows it. A flipped byte in a record
-//! that was written whole is corruption, even in the last record.
+//! that was written whole is corruption, even in the last record. Likewise a zero record
+//! header (the end of the log) with bytes after it: a torn tail in the last segment if no
+//! valid record starts anywhere after it, otherwise damage that would silently drop entries.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -365,7 +367,7 @@ fn list_segments(dir: &Path) -> Result<Vec<Segment>> {
     }
     segs.sort_by_key(|s| s.seq);
     for w in segs.windows(2) {
-        if w[1].seq != w[0].seq + 1 {
+        if w[0].seq.checked_add(1) != Some(w[1].seq) {
             return Err(Error::Corrupt {
                 path: w[1].path.clone(),
                 offset: 0,
@@ -448,7 +450,7 @@ impl Wal {
         let mut end = 0;
         for (i, seg) in segments.iter().enumerate() {
             let last_index = rec.entries.last().map_or(rec.snapshot.index, |e| e.index);
-            if i > 0 && last_index + 1 < seg.first_index {
+            if i > 0 && last_index.saturating_add(1) < seg.first_index {
                 return Err(Error::Corrupt {
                     path: seg.path.clone(),
                     offset: 0,
@@ -647,7 +649,28 @@ fn replay(seg: &Segment, is_last: bool, rec: &mut Recovered) -> Result<u64> {
     let mut at = 0u64;
     loop {
         match decode(&data, at) {
-            Decoded::End => return Ok(at),
+            Decoded::End => {
+                // Bytes after the end: what a torn write leaves when the sector holding a
+                // record's header was lost but a later one was written.
+                let rest = &data[(at as usize).min(data.len())..];
+                let Some(first) = rest.iter().position(|&b| b != 0) else {
+                    return Ok(at);
+                };
+                let followed = record_after(&data, at + first as u64);
+                if !is_last || followed {
+                    let what = if followed {
+                        "valid records follow"
+                    } else {
+                        "bytes follow"
+                    };
+                    return Err(corrupt(
+                        at,
+                        format!("the log ends here (a zero record header) but {what} it"),
+                    ));
+                }
+                rec.repaired = Some((seg.path.clone(), at, data.len() as u64 - at));
+                return Ok(at);
+            }
             Decoded::Record {
                 kind,
                 payload,
@@ -683,6 +706,15 @@ fn following_record(data: &[u8], at: u64) -> bool {
     claimed.is_some_and(|o| matches!(decode(data, o), Decoded::Record { .. }))
 }
 
+/// Whether a valid record starts anywhere from `from` on (a scan, only for damaged tails).
+fn record_after(data: &[u8], from: u64) -> bool {
+    let end = data
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i as u64 + 1);
+    (from..end).any(|o| matches!(decode(data, o), Decoded::Record { .. }))
+}
+
 fn apply_record(kind: u8, payload: &[u8], rec: &mut Recovered) -> Result<(), String> {
     match kind {
         KIND_METADATA => rec.metadata = payload.to_vec(),
@@ -699,7 +731,7 @@ fn apply_record(kind: u8, payload: &[u8], rec: &mut Recovered) -> Result<(), Str
                 rec.entries.truncate((e.index - first) as usize);
             }
             if let Some(last) = rec.entries.last() {
-                if last.index + 1 != e.index {
+                if last.index.checked_add(1) != Some(e.index) {
                     return Err(format!(
                         "entry {} follows entry {}: a gap in the log",
                         e.index, last.index

@@ -94,8 +94,7 @@ fn segments_are_cut_and_purged_behind_a_snapshot() {
     assert_eq!(w.segment_paths().len(), segs - purged);
 }
 
-/// Appends one record whose write was interrupted: its first bytes, then the zeros the
-/// preallocated segment already held.
+/// The newest segment file in `dir`.
 fn last_segment(dir: &Path) -> std::path::PathBuf {
     let mut segs: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -106,45 +105,122 @@ fn last_segment(dir: &Path) -> std::path::PathBuf {
     segs.pop().unwrap()
 }
 
-#[test]
-fn a_torn_tail_is_cut_off_and_the_log_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut w = Wal::create(dir.path(), b"m", Options::default()).unwrap();
+/// A log of entries 1 to 20, one save each: its segment and the segment's bytes.
+fn twenty_entries(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    let mut w = Wal::create(dir, b"m", Options::default()).unwrap();
+    for i in 1..=20 {
+        w.save(None, &[entry(i, 1)], true).unwrap();
+    }
+    drop(w);
+    let seg = last_segment(dir);
+    let data = std::fs::read(&seg).unwrap();
+    (seg, data)
+}
+
+/// A log of entries 1 and 2, its segment, and where its records end.
+fn two_entries(dir: &Path) -> (std::path::PathBuf, usize) {
+    let mut w = Wal::create(dir, b"m", Options::default()).unwrap();
     w.save(Some(&hs(1, 1, 1)), &[entry(1, 1), entry(2, 1)], true)
         .unwrap();
     drop(w);
-    // Find the end of the log: the first offset after which the file is all zeros.
-    let seg = last_segment(dir.path());
+    // The end of the log: the first offset after which the file is all zeros.
+    let seg = last_segment(dir);
     let data = std::fs::read(&seg).unwrap();
     let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
-    // A 2,000-byte entry record of which only the first sector reached the disk.
+    (seg, end)
+}
+
+/// The record of a 2,000-byte entry 3, with a checksum that does not match (it is torn).
+fn torn_record() -> Vec<u8> {
+    use protobuf::Message;
     let big = Entry {
         data: vec![0x5a; 2000].into(),
         ..entry(3, 1)
     };
+    let payload = big.write_to_bytes().unwrap();
     let mut rec = Vec::new();
-    {
-        use protobuf::Message;
-        let payload = big.write_to_bytes().unwrap();
-        rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        rec.extend_from_slice(&0xdead_beefu32.to_le_bytes());
-        rec.push(2);
-        rec.extend_from_slice(&payload);
-    }
-    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-    let cut = 512 - end % 512;
-    f.write_all_at(&rec[..cut], end as u64).unwrap();
-    drop(f);
+    rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    rec.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+    rec.push(2);
+    rec.extend_from_slice(&payload);
+    rec
+}
 
-    let (mut w, r) = Wal::open(dir.path(), Options::default()).unwrap();
+/// Writes `bytes` at `offset` of `path`.
+fn write_at(path: &Path, bytes: &[u8], offset: usize) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset as u64).unwrap();
+}
+
+/// The log in `dir` opens with its tail after `end` cut off, takes entry 3, and opens again
+/// with nothing to repair.
+fn cut_off_and_goes_on(dir: &Path, seg: &Path, end: usize) {
+    let (mut w, r) = Wal::open(dir, Options::default()).unwrap();
     let (path, at, _) = r.repaired.clone().expect("the tail was repaired");
-    assert_eq!((path, at), (seg.clone(), end as u64));
+    assert_eq!((path.as_path(), at), (seg, end as u64));
     assert_eq!(indexes(&r.entries), [(1, 1), (2, 1)]);
     w.save(None, &[entry(3, 1)], true).unwrap();
     drop(w);
-    let (_, r) = Wal::open(dir.path(), Options::default()).unwrap();
+    let (_, r) = Wal::open(dir, Options::default()).unwrap();
     assert!(r.repaired.is_none());
     assert_eq!(indexes(&r.entries), [(1, 1), (2, 1), (3, 1)]);
+}
+
+#[test]
+fn a_torn_tail_is_cut_off_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (seg, end) = two_entries(dir.path());
+    // Only the first sector of the record reached the disk.
+    let cut = 512 - end % 512;
+    write_at(&seg, &torn_record()[..cut], end);
+    cut_off_and_goes_on(dir.path(), &seg, end);
+}
+
+/// The offsets of the records of the segment `data`, up to its first zero header.
+fn record_offsets(data: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while data[at..at + 9].iter().any(|&b| b != 0) {
+        out.push(at);
+        at += 9 + u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+    }
+    out
+}
+
+/// Found by the `wal_open` fuzz target: a torn write whose first sector (holding the record
+/// header) never reached the disk while a later one did. The log ends at the zero header;
+/// the bytes after it are a torn tail, zeroed at open, so the next append cannot run into
+/// them and the log keeps opening.
+#[test]
+fn a_torn_write_that_lost_its_header_sector_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (seg, end) = two_entries(dir.path());
+    // Only the sectors after the first one the record touches were written.
+    let skip = (512 - end % 512) % 512 + 512;
+    write_at(&seg, &torn_record()[skip..], end + skip);
+    cut_off_and_goes_on(dir.path(), &seg, end);
+}
+
+/// A record header zeroed in the middle of the log, with valid records after it, is damage,
+/// not the end of the log: refused, naming the file and offset, rather than cut off.
+#[test]
+fn a_zeroed_header_before_valid_records_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (seg, data) = twenty_entries(dir.path());
+    let victim = record_offsets(&data)[10];
+    write_at(&seg, &[0; 9], victim);
+    match Wal::open(dir.path(), Options::default()) {
+        Err(Error::Corrupt {
+            path,
+            offset,
+            reason,
+        }) => {
+            assert_eq!((path, offset), (seg, victim as u64));
+            assert!(reason.contains("valid records follow"), "{reason}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok((_, r)) => panic!("opened with {} entries", r.entries.len()),
+    }
 }
 
 fn flip(path: &Path, offset: u64) {
@@ -163,13 +239,7 @@ fn flip(path: &Path, offset: u64) {
 fn a_flipped_byte_is_refused_with_file_and_offset() {
     for victim in [2u64, 20] {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = Wal::create(dir.path(), b"m", Options::default()).unwrap();
-        for i in 1..=20 {
-            w.save(None, &[entry(i, 1)], true).unwrap();
-        }
-        drop(w);
-        let seg = last_segment(dir.path());
-        let data = std::fs::read(&seg).unwrap();
+        let (seg, data) = twenty_entries(dir.path());
         // The record of entry `victim`: find its data text and flip a byte in it.
         let needle = format!("entry {victim} of term 1");
         let at = data
