@@ -5,13 +5,14 @@
 //! stream's task owns the service's future and the response body. The task pushes what it
 //! produces (head, data, trailers) and counts what its request body consumed; it wakes the
 //! connection, which frames the output as the peer's windows allow and returns the credit.
-//! A task waits while more than [`UNSENT_LIMIT`] of its output is unsent, so a slow reader
-//! holds back the producer instead of growing a buffer.
+//! A task waits while more than [`UNSENT_LIMIT`] of its output is unsent, or while its
+//! connection holds more unsent output than it may, so a slow reader holds back the producer
+//! instead of growing a buffer.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -35,9 +36,28 @@ pub(crate) struct ConnShared {
     ready: Mutex<Vec<u32>>,
     waker: AtomicWaker,
     calls_woken: AtomicBool,
+    /// Response bytes the stream tasks pushed that are not framed yet.
+    unsent: AtomicUsize,
+    /// The connection holds too much unsent output: its tasks wait in `room`.
+    paused: AtomicBool,
+    room: Mutex<Vec<Waker>>,
 }
 
 impl ConnShared {
+    /// Response bytes the stream tasks pushed that are not framed yet.
+    pub(crate) fn unsent(&self) -> usize {
+        self.unsent.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether the connection's tasks may produce output; they go on when it may.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        if self.paused.swap(paused, Ordering::AcqRel) && !paused {
+            for w in self.room.lock().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
     pub(crate) fn register(&self, w: &Waker) {
         self.waker.register(w);
     }
@@ -80,6 +100,16 @@ pub(crate) enum Out {
     GrpcOk,
     /// The body failed: the stream is reset.
     Reset(Reason),
+}
+
+impl Out {
+    /// The response bytes it carries.
+    pub(crate) fn data_len(&self) -> usize {
+        match self {
+            Out::Data(b) => b.len(),
+            _ => 0,
+        }
+    }
 }
 
 /// One stream's queues, shared by its task and the connection.
@@ -131,10 +161,14 @@ impl StreamIo {
         }
     }
 
-    /// The stream is gone: the task stops and drops the call.
+    /// The stream is gone: the task stops and drops the call, and its unsent output no
+    /// longer counts.
     pub(crate) fn reset(&self, why: Reason) {
         let mut st = self.st.lock();
         st.reset.get_or_insert(why);
+        let unsent = std::mem::take(&mut st.unsent);
+        self.conn.unsent.fetch_sub(unsent, Ordering::Relaxed);
+        st.send.clear();
         let wakers = [
             st.recv_waker.take(),
             st.send_waker.take(),
@@ -159,7 +193,9 @@ impl StreamIo {
     pub(crate) fn sent(&self, n: usize) {
         let mut st = self.st.lock();
         let was_full = st.unsent >= UNSENT_LIMIT;
-        st.unsent = st.unsent.saturating_sub(n);
+        let n = n.min(st.unsent);
+        st.unsent -= n;
+        self.conn.unsent.fetch_sub(n, Ordering::Relaxed);
         let w = (was_full && st.unsent < UNSENT_LIMIT)
             .then(|| st.send_waker.take())
             .flatten();
@@ -172,8 +208,12 @@ impl StreamIo {
     /// The task's side: pushes output and tells the connection.
     fn push(&self, out: Out) {
         let mut st = self.st.lock();
+        if st.reset.is_some() {
+            return;
+        }
         if let Out::Data(b) = &out {
             st.unsent += b.len();
+            self.conn.unsent.fetch_add(b.len(), Ordering::Relaxed);
         }
         st.send.push_back(out);
         self.notify(st);
@@ -188,13 +228,27 @@ impl StreamIo {
         }
     }
 
-    /// Ready once the unsent output is below the limit (or the stream is gone).
+    /// Ready once the unsent output is below the limit and the connection is not paused
+    /// (or the stream is gone).
     fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut st = self.st.lock();
-        if st.unsent < UNSENT_LIMIT || st.reset.is_some() {
+        if st.reset.is_some() {
             return Poll::Ready(());
         }
-        st.send_waker = Some(cx.waker().clone());
+        if st.unsent >= UNSENT_LIMIT {
+            st.send_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        drop(st);
+        // Checked with the list locked: the connection clears the flag before it wakes the
+        // list, so a waker pushed here is woken or sees the flag cleared.
+        let mut room = self.conn.room.lock();
+        if !self.conn.paused.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if !room.iter().any(|w| w.will_wake(cx.waker())) {
+            room.push(cx.waker().clone());
+        }
         Poll::Pending
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Each turn of [`Conn::poll`] handles the frames already read, reads more while the output
 //! is small, collects the unary calls that finished and the bridged streams' output, then
-//! writes all of it with as few system calls as the socket takes.
+//! writes all of it with as few system calls as the socket takes. What the connection holds
+//! for its client is bounded (`budget.rs`): past the bound it stops running calls, or refuses
+//! streams, until the client catches up.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -24,6 +26,7 @@ use crate::frame::{self, Reason};
 use crate::hpack::{Decoder, Encoder};
 use crate::{Config, Error, Fallback, Unary, UnaryFuture};
 
+mod budget;
 mod liveness;
 mod recv;
 mod send;
@@ -94,6 +97,8 @@ struct Stream {
     blocked: bool,
     content_length: Option<u64>,
     received: u64,
+    /// What it is charged in `Conn::req_bytes`: its state, header block and unread body.
+    cost: usize,
 }
 
 /// How the connection stops a unary call whose stream the client reset: the call's future
@@ -189,6 +194,8 @@ pub(crate) struct Conn<T, S> {
     rlen: usize,
     preface_read: bool,
     settings_read: bool,
+    /// A SETTINGS (not an ACK) was handled: later ones count as wasted frames.
+    settings_seen: bool,
     out: Vec<u8>,
     /// The ACKs of the client's PINGs, put after the rest of the output when it is written.
     acks: Vec<u8>,
@@ -224,6 +231,18 @@ pub(crate) struct Conn<T, S> {
     /// (RFC 9113, 5.1), not answered as errors.
     we_reset: VecDeque<u32>,
     live: liveness::Liveness,
+    /// The client's address (from the extensions), for its budget and the log.
+    peer: Option<std::net::SocketAddr>,
+    /// Unary answers queued on their streams for the peer's window.
+    pending_bytes: usize,
+    /// Request state: the `cost` of every stream.
+    req_bytes: usize,
+    /// What this connection counts for in the guard's total.
+    published: usize,
+    /// Calls are not run on: the unsent output is over its bound.
+    paused: bool,
+    /// The oldest unary request still receiving its body, when last looked for.
+    oldest: Option<u32>,
 }
 
 /// Serves one HTTP/2 connection until the peer closes it, a protocol error, or `shutdown`
@@ -246,14 +265,24 @@ where
     let mut conn = Conn::new(io, first, cfg, unary, svc, extensions);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shut = false;
-    std::future::poll_fn(|cx| {
+    let r = std::future::poll_fn(|cx| {
         if !shut && shutdown.as_mut().poll(cx).is_ready() {
             shut = true;
             conn.drain();
         }
         conn.poll(cx)
     })
-    .await
+    .await;
+    match &r {
+        Err(Error::Protocol { reason, why }) => {
+            conn.cfg.guard.sent_away(conn.peer, Some(*reason), why);
+        }
+        Err(e @ Error::KeepaliveTimeout(_)) => {
+            conn.cfg.guard.sent_away(conn.peer, None, &e.to_string());
+        }
+        _ => {}
+    }
+    r
 }
 
 impl<T, S> Drop for Conn<T, S> {
@@ -264,6 +293,8 @@ impl<T, S> Drop for Conn<T, S> {
                 io.reset(Reason::CANCEL);
             }
         }
+        let limit = self.cfg.max_total_buffer;
+        self.cfg.guard.publish(self.published, 0, limit);
     }
 }
 
@@ -310,6 +341,7 @@ where
             frame::window_update(&mut out, 0, (conn_window - frame::DEFAULT_WINDOW) as u32);
         }
         let shared = Arc::new(ConnShared::default());
+        let peer = extensions.get::<crate::RemoteAddr>().map(|a| a.0);
         Conn {
             calls_waker: Waker::from(shared.clone()),
             shared,
@@ -322,6 +354,7 @@ where
             rlen: first.len(),
             preface_read: false,
             settings_read: false,
+            settings_seen: false,
             out,
             acks: Vec::new(),
             written: 0,
@@ -347,6 +380,12 @@ where
             we_reset: VecDeque::new(),
             live: liveness::Liveness::new(&cfg),
             cfg,
+            peer,
+            pending_bytes: 0,
+            req_bytes: 0,
+            published: 0,
+            paused: false,
+            oldest: None,
         }
     }
 
@@ -387,9 +426,14 @@ where
                     Poll::Pending => {}
                 }
             }
+            // Calls run on only while the unsent output is within its bound: each answer
+            // is checked, so one answer at most goes past it.
             let waker = self.calls_waker.clone();
             let mut calls_cx = Context::from_waker(&waker);
-            while let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(&mut calls_cx) {
+            while !self.output_full() {
+                let Poll::Ready(Some((id, r))) = self.calls.poll_next_unpin(&mut calls_cx) else {
+                    break;
+                };
                 self.answer(id, r);
                 busy = true;
             }
@@ -419,7 +463,11 @@ where
             // unanswered, so an ACK read after the DATA costs it (and us) a ping only every
             // other answer; before the DATA, every answer.
             self.out.append(&mut self.acks);
-            match self.poll_write(cx) {
+            let written = self.poll_write(cx);
+            // Whatever the write did, the guard learns what the connection holds now; when
+            // the output fell within its bound, the calls run on.
+            busy |= self.settle(cx);
+            match written {
                 Poll::Ready(Ok(())) => busy |= std::mem::take(&mut self.held_back) || read_held,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => return Poll::Pending,

@@ -31,13 +31,16 @@ pub(crate) fn parse_timeout(v: &[u8]) -> Option<Duration> {
     })
 }
 
-/// The request message of a unary call: exactly one uncompressed message.
+/// The request message of a unary call: its first uncompressed message (grpc-go reads no
+/// further, so bytes after it are ignored). Where the body ends before it, grpc-go's server
+/// (etcd's) answers UNKNOWN with the reader's error: "EOF" when nothing came, "unexpected
+/// EOF" when part of it did.
 pub(crate) fn unary_message(body: &[u8]) -> Result<Bytes, Status> {
+    if body.is_empty() {
+        return Err(Status::unknown("EOF"));
+    }
     if body.len() < PREFIX_LEN {
-        // grpc-go's words for a request without its message.
-        return Err(Status::internal(
-            "grpc: error while marshaling: unexpected EOF",
-        ));
+        return Err(Status::unknown("unexpected EOF"));
     }
     if body[0] != 0 {
         return Err(Status::internal(
@@ -45,12 +48,35 @@ pub(crate) fn unary_message(body: &[u8]) -> Result<Bytes, Status> {
         ));
     }
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    if body.len() - PREFIX_LEN != len {
-        return Err(Status::internal(
-            "grpc: error while marshaling: unexpected EOF",
-        ));
+    match body[PREFIX_LEN..].get(..len) {
+        Some(msg) => Ok(Bytes::copy_from_slice(msg)),
+        None => Err(Status::unknown("unexpected EOF")),
     }
-    Ok(Bytes::copy_from_slice(&body[PREFIX_LEN..]))
+}
+
+/// Whether a content type is gRPC's: `application/grpc`, alone or with a subtype after `+`
+/// or parameters after `;` (as grpc-go checks it; `application/grpc-web` is not).
+pub(crate) fn is_content_type(v: &[u8]) -> bool {
+    v.strip_prefix(b"application/grpc")
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+}
+
+/// The service and method of a gRPC path (`/service/method`), if it is one.
+pub(crate) fn method_of(path: &[u8]) -> Option<(&[u8], &[u8])> {
+    let p = path.strip_prefix(b"/")?;
+    let slash = p.iter().position(|&b| b == b'/')?;
+    let (service, method) = (&p[..slash], &p[slash + 1..]);
+    let ok = !service.is_empty() && !method.is_empty() && !method.contains(&b'/');
+    ok.then_some((service, method))
+}
+
+/// grpc-go's (etcd's) answer to a gRPC request whose content type is not gRPC's: HTTP 415
+/// with INVALID_ARGUMENT.
+pub(crate) fn wrong_content_type(content_type: &[u8]) -> Status {
+    Status::invalid_argument(format!(
+        "invalid gRPC request content-type {:?}",
+        String::from_utf8_lossy(content_type)
+    ))
 }
 
 /// The length a message prefix announces, once the prefix has arrived.
@@ -66,10 +92,34 @@ pub fn too_large(found: usize, limit: usize) -> Status {
     ))
 }
 
+/// A response of a gRPC service as grpc-go's server (etcd's) would give it: tonic's status
+/// for a message over the receive limit rewritten (see [`rewrite_limit_status`]), and its
+/// UNIMPLEMENTED without a message for a method a known service lacks given grpc-go's "unknown
+/// method M for service S". `path` is the request's.
+pub fn rewrite_status(path: &str, headers: &mut http::HeaderMap) {
+    rewrite_limit_status(headers);
+    let bare_unimplemented = headers.get("grpc-status").is_some_and(|v| v == "12")
+        && !headers.contains_key("grpc-message");
+    if !bare_unimplemented {
+        return;
+    }
+    let status = match method_of(path.as_bytes()) {
+        Some((service, method)) => Status::unimplemented(format!(
+            "unknown method {} for service {}",
+            String::from_utf8_lossy(method),
+            String::from_utf8_lossy(service)
+        )),
+        None => unknown_service(path),
+    };
+    for (name, v) in status_fields(&status).iter() {
+        headers.insert(name, v.clone());
+    }
+}
+
 /// tonic's status for a message over its receive limit ("Error, decoded message length too
 /// large: found N bytes, the limit is: M bytes"), rewritten in a response's `headers` to
 /// grpc-go's (etcd's) code and text, so clients see the same from every service.
-pub fn rewrite_limit_status(headers: &mut http::HeaderMap) {
+pub(crate) fn rewrite_limit_status(headers: &mut http::HeaderMap) {
     const TONIC: &str = "Error, decoded message length too large: found ";
     let msg = match headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
         Some(m) if headers.get("grpc-status").is_some_and(|v| v == "11") => m
@@ -101,6 +151,16 @@ pub fn rewrite_limit_status(headers: &mut http::HeaderMap) {
     }
 }
 
+/// grpc-go's (etcd's) UNIMPLEMENTED for a gRPC path no service answers: "unknown service",
+/// or "malformed method name" for a path that is not `/service/method`.
+fn unknown_service(path: &str) -> Status {
+    let p = path.strip_prefix('/').unwrap_or(path);
+    match p.rfind('/') {
+        Some(slash) => Status::unimplemented(format!("unknown service {}", &p[..slash])),
+        None => Status::unimplemented(format!("malformed method name: {path:?}")),
+    }
+}
+
 /// What a server answers a request no route has: a gRPC call (by its content type) gets
 /// grpc-go's UNIMPLEMENTED "unknown service", anything else HTTP 404 (as Go's HTTP server).
 pub fn fallback<B: Default + From<&'static str>>(
@@ -109,10 +169,9 @@ pub fn fallback<B: Default + From<&'static str>>(
 ) -> http::Response<B> {
     let grpc = headers
         .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
+        .is_some_and(|v| is_content_type(v.as_bytes()));
     if grpc {
-        return Status::unimplemented(format!("unknown service {path}")).into_http::<B>();
+        return unknown_service(path).into_http::<B>();
     }
     let mut r = http::Response::new(B::from("404 page not found\n"));
     *r.status_mut() = http::StatusCode::NOT_FOUND;
@@ -182,16 +241,102 @@ mod tests {
     }
 
     #[test]
-    fn unary_messages() {
+    fn unary_messages_as_grpc_go_reads_them() {
         let mut body = prefix(3).to_vec();
         body.extend_from_slice(b"abc");
         assert_eq!(unary_message(&body).unwrap().as_ref(), b"abc");
         assert_eq!(announced_len(&body), Some(3));
         assert_eq!(announced_len(&body[..4]), None);
-        assert!(unary_message(&body[..6]).is_err());
-        assert!(unary_message(b"").is_err());
+        let eof = |b: &[u8]| {
+            let e = unary_message(b).unwrap_err();
+            (e.code(), e.message().to_owned())
+        };
+        assert_eq!(eof(b""), (tonic::Code::Unknown, "EOF".into()));
+        assert_eq!(
+            eof(&body[..3]),
+            (tonic::Code::Unknown, "unexpected EOF".into())
+        );
+        assert_eq!(
+            eof(&body[..6]),
+            (tonic::Code::Unknown, "unexpected EOF".into())
+        );
+        // What follows the first message is not read.
+        let mut two = body.clone();
+        two.extend_from_slice(&body);
+        assert_eq!(unary_message(&two).unwrap().as_ref(), b"abc");
         body[0] = 1;
-        assert!(unary_message(&body).is_err());
+        assert_eq!(
+            unary_message(&body).unwrap_err().code(),
+            tonic::Code::Internal
+        );
+    }
+
+    #[test]
+    fn content_types_and_paths() {
+        assert!(is_content_type(b"application/grpc"));
+        assert!(is_content_type(b"application/grpc+proto"));
+        assert!(is_content_type(b"application/grpc;charset=utf-8"));
+        assert!(!is_content_type(b"application/grpc-web"));
+        assert!(!is_content_type(b"text/plain"));
+        assert_eq!(
+            method_of(b"/etcdserverpb.KV/Range"),
+            Some((&b"etcdserverpb.KV"[..], &b"Range"[..]))
+        );
+        assert_eq!(method_of(b"/v3/kv/range"), None);
+        assert_eq!(method_of(b"/health"), None);
+        assert_eq!(method_of(b"/x/"), None);
+        let m = wrong_content_type(b"text/plain");
+        assert_eq!(m.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            m.message(),
+            "invalid gRPC request content-type \"text/plain\""
+        );
+    }
+
+    /// A grpc-message as a client reads it (percent-decoded).
+    fn decoded(v: &http::HeaderValue) -> String {
+        let b = v.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' && i + 2 < b.len() {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn unknown_services_and_methods_read_as_grpc_gos() {
+        let mut grpc = http::HeaderMap::new();
+        grpc.insert(
+            http::header::CONTENT_TYPE,
+            "application/grpc".parse().unwrap(),
+        );
+        let msg = |r: http::Response<String>| decoded(&r.headers()["grpc-message"]);
+        assert_eq!(msg(fallback(&grpc, "/a.B/C")), "unknown service a.B");
+        assert_eq!(
+            msg(fallback(&grpc, "/a.B.C")),
+            "malformed method name: \"/a.B.C\""
+        );
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", "12".parse().unwrap());
+        rewrite_status("/etcdserverpb.KV/Nosuch", &mut h);
+        assert_eq!(
+            decoded(&h["grpc-message"]),
+            "unknown method Nosuch for service etcdserverpb.KV"
+        );
+        // A message of its own is kept.
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", "12".parse().unwrap());
+        h.insert("grpc-message", "mine".parse().unwrap());
+        rewrite_status("/a.B/C", &mut h);
+        assert_eq!(h["grpc-message"], "mine");
     }
 
     #[test]

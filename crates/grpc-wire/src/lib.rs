@@ -27,12 +27,14 @@ mod bridge;
 mod conn;
 pub mod frame;
 mod grpc;
+mod guard;
 mod hpack;
 mod request;
 mod sniff;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,7 +42,8 @@ use bytes::Bytes;
 pub use bridge::RecvBody;
 pub use conn::serve;
 pub use frame::Reason;
-pub use grpc::{fallback, rewrite_limit_status, too_large};
+pub use grpc::{fallback, rewrite_status, too_large};
+pub use guard::{Guard, RemoteAddr, Stats};
 pub use sniff::{sniff, Protocol, Rewind};
 
 /// A unary call's answer: the encoded response message, or a gRPC status.
@@ -168,7 +171,25 @@ pub struct Config {
     /// sent HEADERS or DATA since the last one (grpc-go's BDP pings answer those); the third
     /// strike ends the connection with GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings").
     pub ping_min_interval: Duration,
+    /// What one connection may hold for its client, on each side. Unsent responses (framed
+    /// and waiting for the socket, or queued for the peer's flow-control window): past it, the
+    /// connection's calls are not run on (their answers would only pile up) until they drain,
+    /// so its new requests wait (backpressure; one answer larger than the bound still goes).
+    /// Request state (open streams, their header blocks, request bodies not yet read): past
+    /// it, new streams are refused (REFUSED_STREAM, which clients retry), and data for any
+    /// request but the oldest unfinished one refuses that request.
+    pub max_conn_buffer: usize,
+    /// The same bytes of all connections together: past it, every connection holding more
+    /// than [`FAIR_SHARE`] is held back as if over its own bound, so others keep being served.
+    pub max_total_buffer: usize,
+    /// What the connections served with this config share: the total above, each client
+    /// address's budget for frames that do no work, and counts for metrics.
+    pub guard: Arc<Guard>,
 }
+
+/// What a connection may hold while the server as a whole is over
+/// [`Config::max_total_buffer`].
+pub const FAIR_SHARE: usize = 1 << 20;
 
 impl Default for Config {
     fn default() -> Config {
@@ -183,6 +204,9 @@ impl Default for Config {
             keepalive_interval: Some(Duration::from_secs(2 * 3600)),
             keepalive_timeout: Duration::from_secs(20),
             ping_min_interval: Duration::from_secs(5),
+            max_conn_buffer: 32 << 20,
+            max_total_buffer: 512 << 20,
+            guard: Arc::default(),
         }
     }
 }

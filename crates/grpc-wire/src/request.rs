@@ -28,6 +28,10 @@ pub(crate) struct Fields {
     malformed: Option<&'static str>,
     /// As SETTINGS_MAX_HEADER_LIST_SIZE counts it.
     size: usize,
+    /// Fields with an empty name or value.
+    empty: usize,
+    /// The content type, when one came.
+    content_type: Option<Bytes>,
     grpc: bool,
     encoded: bool,
     timeout: Option<Duration>,
@@ -37,6 +41,7 @@ pub(crate) struct Fields {
 impl Fields {
     pub(crate) fn add(&mut self, name: Bytes, value: Bytes) {
         self.size += name.len() + value.len() + 32;
+        self.empty += usize::from(name.is_empty() || value.is_empty());
         if self.malformed.is_some() {
             return;
         }
@@ -75,7 +80,10 @@ impl Fields {
                 self.malformed = Some("te other than \"trailers\"");
                 return;
             }
-            b"content-type" => self.grpc = value.starts_with(b"application/grpc"),
+            b"content-type" => {
+                self.grpc = grpc::is_content_type(&value);
+                self.content_type = Some(value.clone());
+            }
             b"grpc-encoding" => self.encoded = value.as_ref() != b"identity",
             b"grpc-timeout" => self.timeout = grpc::parse_timeout(&value),
             b"content-length" => {
@@ -119,6 +127,11 @@ impl Fields {
         self.size
     }
 
+    /// How many fields had an empty name or value.
+    pub(crate) fn empty(&self) -> usize {
+        self.empty
+    }
+
     pub(crate) fn content_length(&self) -> Option<u64> {
         self.content_length
     }
@@ -129,6 +142,13 @@ impl Fields {
 
     pub(crate) fn path(&self) -> &[u8] {
         self.path.as_deref().unwrap_or_default()
+    }
+
+    /// A request for a gRPC method (its path `/service/method`) whose content type is not
+    /// gRPC's: that content type (empty when none came).
+    pub(crate) fn wrong_content_type(&self) -> Option<&[u8]> {
+        let method = grpc::method_of(self.path()).is_some();
+        (method && !self.grpc).then(|| self.content_type.as_deref().unwrap_or_default())
     }
 
     /// A gRPC call the connection may answer itself: POST, gRPC's content type, and an

@@ -186,6 +186,9 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
         }
     };
     let mut ext = http::Extensions::new();
+    if let Some(p) = peer {
+        ext.insert(grpc_wire::RemoteAddr(p));
+    }
     if let Some(cn) = listen::peer_certificates(&stream)
         .and_then(|c| c.first())
         .and_then(crate::tls::common_name)

@@ -146,6 +146,14 @@ pub struct ProxyFlags {
     /// Streams a client may have open on one connection.
     #[arg(long, default_value_t = u32::MAX)]
     pub max_concurrent_streams: u32,
+    /// kvd's: bytes one client connection may hold, for unsent responses and again for
+    /// request state; past it the connection's requests wait (or new streams are refused).
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_connection_buffer_bytes: usize,
+    /// kvd's: bytes all client connections may hold together; past it the connections
+    /// holding more than 1 MiB are held back, so that the others are served.
+    #[arg(long, default_value_t = 512 << 20)]
+    pub max_client_buffer_bytes: usize,
     /// kvd's: the TTL of the session lease the proxy holds keys under (etcd's proxy: 60s).
     #[arg(long, default_value = "60s")]
     pub leasing_ttl: String,
@@ -332,6 +340,14 @@ pub struct ServeFlags {
     /// Streams a client may have open on one connection.
     #[arg(long, env = "ETCD_MAX_CONCURRENT_STREAMS", default_value_t = u32::MAX)]
     pub max_concurrent_streams: u32,
+    /// kvd's: bytes one client connection may hold, for unsent responses and again for
+    /// request state; past it the connection's requests wait (or new streams are refused).
+    #[arg(long, env = "KVD_MAX_CONNECTION_BUFFER_BYTES", default_value_t = 32 << 20)]
+    pub max_connection_buffer_bytes: usize,
+    /// kvd's: bytes all client connections may hold together; past it the connections
+    /// holding more than 1 MiB are held back, so that the others are served.
+    #[arg(long, env = "KVD_MAX_CLIENT_BUFFER_BYTES", default_value_t = 512 << 20)]
+    pub max_client_buffer_bytes: usize,
     /// URLs to listen on for HTTP-only client traffic (the JSON gateway, `/health`,
     /// `/metrics`…); given, `--listen-client-urls` serve gRPC only.
     #[arg(long, env = "ETCD_LISTEN_CLIENT_HTTP_URLS", default_value = "")]

@@ -138,16 +138,19 @@ fn http2_config(f: &ServeFlags) -> Result<grpc_wire::Config> {
         &f.grpc_keepalive_interval,
         &f.grpc_keepalive_timeout,
         f.max_concurrent_streams,
+        (f.max_connection_buffer_bytes, f.max_client_buffer_bytes),
     )
 }
 
 /// HTTP/2 settings from etcd's `--grpc-keepalive-min-time`, `--grpc-keepalive-interval`,
-/// `--grpc-keepalive-timeout` and `--max-concurrent-streams` (a member's and a proxy's).
+/// `--grpc-keepalive-timeout` and `--max-concurrent-streams`, and kvd's
+/// `--max-connection-buffer-bytes` and `--max-client-buffer-bytes` (a member's and a proxy's).
 pub fn http2_settings(
     min_time: &str,
     interval: &str,
     timeout: &str,
     max_streams: u32,
+    (max_conn_buffer, max_total_buffer): (usize, usize),
 ) -> Result<grpc_wire::Config> {
     let duration =
         |flag: &str, v: &str| rpc::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
@@ -161,6 +164,8 @@ pub fn http2_settings(
         keepalive_interval: (!interval.is_zero()).then_some(interval),
         keepalive_timeout: timeout,
         max_concurrent_streams: max_streams,
+        max_conn_buffer,
+        max_total_buffer,
         ..grpc_wire::Config::default()
     })
 }

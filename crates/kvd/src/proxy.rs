@@ -162,6 +162,7 @@ fn http2_config(f: &ProxyFlags) -> Result<grpc_wire::Config> {
         &f.grpc_keepalive_interval,
         &f.grpc_keepalive_timeout,
         f.max_concurrent_streams,
+        (f.max_connection_buffer_bytes, f.max_client_buffer_bytes),
     )
 }
 
@@ -181,7 +182,7 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
     let cfg = proxy_config(f)?;
     let connect = connect(f, &policy)?;
     let server_tls = listen_tls(f, &policy)?;
-    let http2 = Arc::new(http2_config(f)?);
+    let http2 = http2_config(f)?;
     let metrics_listen = if f.metrics_addr.is_empty() {
         Vec::new()
     } else {
@@ -201,6 +202,10 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
         let listen = listen::bind(&[(f.listen_addr.clone(), tls_on)], "--listen-addr").await?;
         let metrics = listen::bind(&metrics_listen, "--metrics-addr").await?;
         let proxy = leasing_proxy::Proxy::start(cfg.clone(), connect).await?;
+        let http2 = Arc::new(grpc_wire::Config {
+            guard: proxy.metrics().client_guard.clone(),
+            ..http2
+        });
         let port = Port {
             router: proxy.router(),
             grpc_router: proxy.router(),

@@ -214,12 +214,7 @@ impl Proxy {
         grpc.merge(gateway)
             .merge(self.http_routes())
             .fallback(routes::fallback)
-            .layer(axum::middleware::map_response(
-                |mut r: axum::response::Response| async move {
-                    grpc_wire::rewrite_limit_status(r.headers_mut());
-                    r
-                },
-            ))
+            .layer(axum::middleware::from_fn(routes::grpc_status))
     }
 
     /// What `--metrics-addr` serves: `/metrics` and `/health`.

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub upstream_watchers: IntGauge,
     pub watchers_coalescing: IntGauge,
     pub events_coalescing: IntCounter,
+    /// What the proxy's client connections hold and were refused (the guard its client
+    /// port's HTTP/2 config shares).
+    pub client_guard: std::sync::Arc<grpc_wire::Guard>,
 }
 
 impl Metrics {
@@ -103,6 +106,7 @@ impl Metrics {
                 "Watch responses sent to more than one client watcher from one upstream response.",
             ),
             registry,
+            client_guard: Default::default(),
         }
     }
 
@@ -110,9 +114,11 @@ impl Metrics {
     pub fn text(&self) -> String {
         self.watchers_coalescing
             .set((self.watchers.get() - self.upstream_watchers.get()).max(0));
-        prometheus::TextEncoder::new()
+        let mut text = prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|e| format!("# metrics could not be encoded: {e}\n"))
+            .unwrap_or_else(|e| format!("# metrics could not be encoded: {e}\n"));
+        text.push_str(&self.client_guard.stats().prometheus("kvd_client"));
+        text
     }
 }
 

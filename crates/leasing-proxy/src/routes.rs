@@ -40,6 +40,15 @@ pub async fn fallback(req: axum::extract::Request) -> Response {
     grpc_wire::fallback(req.headers(), req.uri().path())
 }
 
+/// gRPC statuses as etcd's grpc-proxy (grpc-go) gives them, in place of tonic's: a message
+/// over the receive limit, a method a service lacks.
+pub async fn grpc_status(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let mut resp = next.run(req).await;
+    grpc_wire::rewrite_status(&path, resp.headers_mut());
+    resp
+}
+
 /// etcd's health answer: `{"health":"true","reason":""}`, 503 when false.
 async fn health(State(h): State<Http>) -> Response {
     let read = RangeRequest {

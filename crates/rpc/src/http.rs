@@ -44,10 +44,12 @@ pub async fn fallback(req: axum::extract::Request) -> Response {
     grpc_wire::fallback(req.headers(), req.uri().path())
 }
 
-/// gRPC-go's answer to a message over the receive limit (etcd's, so clients see the same
-/// code and text), in place of tonic's.
-pub async fn grpc_limit_error(mut resp: Response) -> Response {
-    grpc_wire::rewrite_limit_status(resp.headers_mut());
+/// gRPC statuses as grpc-go's server gives them (etcd's, so clients see the same code and
+/// text), in place of tonic's: a message over the receive limit, a method a service lacks.
+pub async fn grpc_status(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let mut resp = next.run(req).await;
+    grpc_wire::rewrite_status(&path, resp.headers_mut());
     resp
 }
 
@@ -244,6 +246,8 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         out,
         "etcd_server_version{{server_version=\"{ETCD_API_VERSION}\"}} 1"
     );
+    // What the client connections hold, and what they were refused.
+    out.push_str(&core.client_guard.stats().prometheus("kvd_client"));
     // The histograms and counters the consensus and storage layers keep.
     match prometheus::TextEncoder::new().encode_to_string(&prometheus::gather()) {
         Ok(s) => out.push_str(&s),

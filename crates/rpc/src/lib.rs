@@ -86,6 +86,7 @@ pub struct ClientPort {
 pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     let config = grpc_wire::Config {
         max_recv_message: core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
+        guard: core.client_guard.clone(),
         ..config
     };
     // `/metrics` lists the consensus and storage histograms before their first sample.
@@ -104,7 +105,7 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     );
     let finish = |r: axum::Router| {
         r.fallback(http::fallback)
-            .layer(axum::middleware::map_response(http::grpc_limit_error))
+            .layer(axum::middleware::from_fn(http::grpc_status))
     };
     ClientPort {
         router: finish(

@@ -102,6 +102,9 @@ pub struct Core {
     dialer: consensus::Dialer,
     /// A connection to the leader's peer port, for requests only it serves: (leader, channel).
     to_leader: parking_lot::Mutex<Option<(u64, tonic::transport::Channel)>>,
+    /// What the client port's connections hold together and what they were refused
+    /// (served on `/metrics`).
+    pub client_guard: Arc<grpc_wire::Guard>,
 }
 
 /// The metadata naming the cluster of a request a member forwards to its leader; the
@@ -126,6 +129,7 @@ impl Core {
             auth,
             dialer,
             to_leader: parking_lot::Mutex::new(None),
+            client_guard: Arc::default(),
         })
     }
 

@@ -1,6 +1,11 @@
-//! Keepalive and abuse limits, as grpc-go's server (and so etcd) applies them: a quiet client
-//! is pinged and dropped if it does not answer; a client that pings too often, or resets
-//! streams much faster than it lets them complete, is sent away.
+//! Keepalive and abuse limits: a quiet client is pinged and dropped if it does not answer, and
+//! one that pings too often is sent away, as grpc-go's server (and so etcd) does; a client
+//! that sends frames which do no work (resets of streams under way — the "rapid reset"
+//! attack, CVE-2023-44487 —, streams refused or malformed, empty DATA or CONTINUATION frames,
+//! SETTINGS or PRIORITY frames, header blocks of empty fields) faster than a budget allows is
+//! sent away with ENHANCE_YOUR_CALM, as nghttp2 does. The budget refills with time and with
+//! completed calls, and is kept for the client's address too, so neither pairing each reset
+//! with a call nor reconnecting starts a client afresh.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +17,7 @@ use tokio::time::Sleep;
 
 use super::{conn_err, Conn, ConnError};
 use crate::frame::{self, Reason};
+use crate::guard::{self, Bucket};
 use crate::{Config, Error, Fallback};
 
 /// What a keepalive ping carries (the client echoes it).
@@ -21,10 +27,6 @@ const MAX_PING_STRIKES: u32 = 2;
 /// How often a client may ping while it has no stream open (grpc-go's `defaultPingTimeout`,
 /// with etcd's `PermitWithoutStream: false`).
 const PING_WITHOUT_STREAMS: Duration = Duration::from_secs(2 * 3600);
-/// Streams a client may reset while they are under way, less those that complete, before the
-/// connection is closed: resetting is cheap for the client and not for the server (the
-/// "rapid reset" attack, CVE-2023-44487).
-const MAX_NET_RESETS: u32 = 1000;
 
 #[derive(Debug)]
 pub(super) struct Liveness {
@@ -41,8 +43,10 @@ pub(super) struct Liveness {
     strikes: u32,
     /// HEADERS or DATA went out since the client's last ping: its next ping is no strike.
     answered: bool,
-    /// Streams the client reset while they were under way, less those that completed.
-    resets: u32,
+    /// The budget for frames that do no work.
+    waste: Bucket,
+    /// Some were sent: completed calls then forgive the client's address too.
+    wasted: bool,
 }
 
 impl Liveness {
@@ -61,7 +65,8 @@ impl Liveness {
             last_client_ping: None,
             strikes: 0,
             answered: false,
-            resets: 0,
+            waste: Bucket::full(guard::CONN_WASTE),
+            wasted: false,
         }
     }
 
@@ -75,11 +80,6 @@ impl Liveness {
     /// HEADERS or DATA went out.
     pub(super) fn answered(&mut self) {
         self.answered = true;
-    }
-
-    /// A stream completed: one client reset is forgiven.
-    pub(super) fn completed(&mut self) {
-        self.resets = self.resets.saturating_sub(1);
     }
 }
 
@@ -151,12 +151,30 @@ where
         }
     }
 
-    /// The client reset a stream under way.
-    pub(super) fn on_client_reset(&mut self) -> Result<(), ConnError> {
-        self.live.resets += 1;
-        if self.live.resets > MAX_NET_RESETS {
-            return conn_err(Reason::ENHANCE_YOUR_CALM, "too_many_resets");
+    /// `n` frames that did no work (of the kind `what` names, the GOAWAY's text should the
+    /// budget of the connection or of its client's address be spent).
+    pub(super) fn waste(&mut self, n: f64, what: &'static str) -> Result<(), ConnError> {
+        let now = Instant::now();
+        self.live.wasted = true;
+        let conn_ok = self
+            .live
+            .waste
+            .take(n, now, guard::CONN_WASTE, guard::CONN_WASTE_PER_SEC);
+        let addr_ok = self
+            .peer
+            .is_none_or(|p| self.cfg.guard.waste(p.ip(), n, now));
+        if conn_ok && addr_ok {
+            return Ok(());
         }
-        Ok(())
+        conn_err(Reason::ENHANCE_YOUR_CALM, what)
+    }
+
+    /// A call completed: it forgives part of a wasted frame.
+    pub(super) fn completed(&mut self) {
+        let n = 1.0 / guard::CALLS_PER_TOKEN;
+        self.live.waste.give(n, guard::CONN_WASTE);
+        if let Some(p) = self.peer.filter(|_| self.live.wasted) {
+            self.cfg.guard.forgive(p.ip(), n);
+        }
     }
 }

@@ -6,12 +6,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::budget::{BRIDGED_COST, UNARY_COST};
 use super::{conn_err, Call, Cancel, Conn, ConnError, Kind, Partial, Stream, OUT_HIGH};
 use crate::bridge::{self, RecvBody, StreamIo};
 use crate::frame::{self, Head, Reason};
 use crate::grpc;
 use crate::request::Fields;
 use crate::Fallback;
+
+/// Empty header fields a block may carry before they count as wasted frames (16 each).
+const EMPTY_FIELDS_FREE: usize = 16;
 
 impl<T, S> Conn<T, S>
 where
@@ -130,6 +134,9 @@ where
         let (a, b) = frame::unpad(&h, payload)?;
         let data = &payload[a..b];
         let end = h.has(frame::END_STREAM);
+        if data.is_empty() && !end {
+            self.waste(1.0, "too_many_empty_frames")?;
+        }
         let Some(s) = self.streams.get_mut(&h.stream) else {
             if h.stream > self.last_stream {
                 return conn_err(Reason::PROTOCOL_ERROR, "DATA on an idle stream");
@@ -155,6 +162,7 @@ where
             self.reset(h.stream, Reason::PROTOCOL_ERROR);
             return Ok(());
         }
+        let mut grew = 0;
         match &mut s.kind {
             Kind::Unary { body, .. } => {
                 body.extend_from_slice(data);
@@ -170,6 +178,7 @@ where
                     return Ok(());
                 }
                 s.recv_unacked += len;
+                grew = data.len();
             }
             Kind::Called(_) => {}
             // Answered already: the rest of the request is read and dropped.
@@ -184,8 +193,20 @@ where
                         st.recv_end |= end;
                     });
                 }
+                // Unread until the task's body hands it out (see `pump`).
+                grew = data.len();
             }
         }
+        let s_unary = matches!(s.kind, Kind::Unary { .. });
+        if grew > 0 {
+            self.charge(h.stream, grew as isize);
+            if s_unary && !end && self.requests_full() && !self.may_grow(h.stream) {
+                return self.refuse(h.stream);
+            }
+        }
+        let Some(s) = self.streams.get_mut(&h.stream) else {
+            return Ok(());
+        };
         if !end && s.recv_unacked >= self.cfg.stream_window as i64 / 2 {
             frame::window_update(&mut self.out, h.stream, s.recv_unacked as u32);
             s.recv_window += s.recv_unacked;
@@ -236,6 +257,9 @@ where
         };
         p.block.extend_from_slice(payload);
         let len = p.block.len();
+        if payload.is_empty() && !h.has(frame::END_HEADERS) {
+            self.waste(1.0, "too_many_empty_frames")?;
+        }
         self.check_block_size(len)?;
         if h.has(frame::END_HEADERS) {
             let p = self.partial.take().expect("checked above");
@@ -260,6 +284,10 @@ where
         self.dec
             .decode(&block, |n, v| fields.add(n, v))
             .map_err(|e| ConnError(Reason::COMPRESSION_ERROR, e.to_string()))?;
+        if fields.empty() > EMPTY_FIELDS_FREE {
+            let n = fields.empty() as f64 / EMPTY_FIELDS_FREE as f64;
+            self.waste(n, "too_many_empty_header_fields")?;
+        }
         if let Some(s) = self.streams.get_mut(&id) {
             // Trailers: they end the request and carry no pseudo-headers.
             let why = if s.remote_closed {
@@ -275,7 +303,7 @@ where
             };
             if let Some(why) = why {
                 self.reset(id, why);
-                return Ok(());
+                return self.waste(1.0, "too_many_malformed_streams");
             }
             s.remote_closed = true;
             if let Kind::Bridged(io) = &s.kind {
@@ -300,16 +328,33 @@ where
         self.last_stream = id;
         if p.self_dependent {
             self.reset(id, Reason::PROTOCOL_ERROR);
-            return Ok(());
+            return self.waste(1.0, "too_many_malformed_streams");
         }
         if self.draining || self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             self.reset(id, Reason::REFUSED_STREAM);
-            return Ok(());
+            return self.waste(1.0, "too_many_refused_streams");
         }
         if let Some(why) = fields.malformed().or_else(|| fields.request_error()) {
             tracing::debug!(stream = id, "malformed request: {why}");
             self.reset(id, Reason::PROTOCOL_ERROR);
-            return Ok(());
+            return self.waste(1.0, "too_many_malformed_streams");
+        }
+        if self.requests_full() {
+            // The stream is not in the table: the reset only tells the client.
+            return self.refuse(id);
+        }
+        if let Some(ct) = fields.wrong_content_type() {
+            // grpc-go's answer (etcd's): 415 and the status as one trailers-only response.
+            let status = grpc::status_fields(&grpc::wrong_content_type(ct));
+            self.write_headers(id, true, |enc, out| {
+                enc.field(out, b":status", b"415", false);
+                enc.field(out, b"content-type", b"application/grpc", true);
+                super::send::header_map(enc, out, &status);
+            });
+            if !p.end_stream {
+                self.send_reset(id, Reason::NO_ERROR);
+            }
+            return self.waste(1.0, "too_many_malformed_streams");
         }
         if fields.size() > self.cfg.max_header_list_size as usize {
             // RFC 9113, 10.5.1: the request is answered 431 rather than processed.
@@ -332,10 +377,11 @@ where
             blocked: false,
             content_length: fields.content_length(),
             received: 0,
+            cost: 0,
         };
         if p.end_stream && s.content_length.is_some_and(|n| n != 0) {
             self.reset(id, Reason::PROTOCOL_ERROR);
-            return Ok(());
+            return self.waste(1.0, "too_many_malformed_streams");
         }
         let method = fields
             .is_plain_grpc()
@@ -349,7 +395,7 @@ where
                     timeout: fields.timeout(),
                     headers: fields.into_regular(),
                 };
-                self.streams.insert(id, s);
+                self.insert_stream(id, s, UNARY_COST + block.len());
                 if p.end_stream {
                     self.remote_ended(id);
                 }
@@ -371,7 +417,7 @@ where
                 let mut req = req.map(|()| RecvBody::new(Some(io.clone())));
                 req.extensions_mut().extend(self.extensions.clone());
                 s.kind = Kind::Bridged(io.clone());
-                self.streams.insert(id, s);
+                self.insert_stream(id, s, BRIDGED_COST + block.len());
                 bridge::spawn(self.svc.clone(), req, io, timeout);
             }
         }
@@ -421,7 +467,8 @@ where
         } else if frame::u32_at(payload) & 0x7fff_ffff == h.stream {
             self.reset(h.stream, Reason::PROTOCOL_ERROR);
         }
-        Ok(())
+        // Priorities are not followed: the frame does no work.
+        self.waste(1.0, "too_many_priority_frames")
     }
 
     pub(super) fn on_rst_stream(&mut self, h: Head, payload: &[u8]) -> Result<(), ConnError> {
@@ -434,9 +481,9 @@ where
         if h.stream > self.last_stream {
             return conn_err(Reason::PROTOCOL_ERROR, "RST_STREAM on an idle stream");
         }
-        if let Some(s) = self.streams.remove(&h.stream) {
+        if let Some(s) = self.remove_stream(h.stream) {
             self.forget(&s, Reason(frame::u32_at(payload)));
-            return self.on_client_reset();
+            return self.waste(1.0, "too_many_resets");
         }
         Ok(())
     }
@@ -453,6 +500,10 @@ where
         }
         if !payload.len().is_multiple_of(6) {
             return conn_err(Reason::FRAME_SIZE_ERROR, "SETTINGS of the wrong size");
+        }
+        if std::mem::replace(&mut self.settings_seen, true) {
+            // The first SETTINGS is the preface's; a client changes its settings seldom.
+            self.waste(1.0, "too_many_settings")?;
         }
         for p in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([p[0], p[1]]);

@@ -19,7 +19,7 @@ where
     /// Resets stream `id` (a stream error): RST_STREAM, and its call or task is dropped.
     pub(super) fn reset(&mut self, id: u32, why: Reason) {
         self.send_reset(id, why);
-        if let Some(s) = self.streams.remove(&id) {
+        if let Some(s) = self.remove_stream(id) {
             self.forget(&s, why);
         }
     }
@@ -87,6 +87,7 @@ where
         let mut data = Vec::with_capacity(total);
         data.extend_from_slice(&grpc::prefix(msg.len()));
         data.extend_from_slice(&msg);
+        self.pending_bytes += total;
         s.pending.push_back(Out::Data(data.into()));
         s.pending.push_back(Out::GrpcOk);
         self.flush_stream(id);
@@ -113,6 +114,10 @@ where
         if credit > 0 && !s.remote_closed {
             frame::window_update(&mut self.out, id, credit as u32);
             s.recv_window += credit as i64;
+        }
+        if credit > 0 {
+            // Read by the task: no longer held here.
+            self.charge(id, -(credit as isize));
         }
         while let Some(item) = items.pop_front() {
             match item {
@@ -169,8 +174,9 @@ where
                     frame::head(&mut self.out, n, frame::DATA, 0, id);
                     self.out.extend_from_slice(&chunk);
                     self.live.answered();
-                    if let Kind::Bridged(io) = &s.kind {
-                        io.sent(n);
+                    match &s.kind {
+                        Kind::Bridged(io) => io.sent(n),
+                        _ => self.pending_bytes -= n,
                     }
                 }
                 Some(Out::Trailers(_)) => {
@@ -213,8 +219,8 @@ where
             }
             self.send_reset(id, Reason::NO_ERROR);
         }
-        self.streams.remove(&id);
-        self.live.completed();
+        self.remove_stream(id);
+        self.completed();
     }
 
     /// Windows grew: streams waiting for them go on.
@@ -268,7 +274,7 @@ where
 }
 
 /// Appends a header map's fields, leaving out HTTP/1.1's connection-specific ones.
-fn header_map(enc: &mut Encoder, out: &mut Vec<u8>, h: &http::HeaderMap) {
+pub(super) fn header_map(enc: &mut Encoder, out: &mut Vec<u8>, h: &http::HeaderMap) {
     for (n, v) in h {
         let name = n.as_str().as_bytes();
         if !request::is_connection_specific(name) {

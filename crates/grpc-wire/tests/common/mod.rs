@@ -21,17 +21,29 @@ pub const END_STREAM: u8 = 0x1;
 pub const ACK: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
 
-/// Answers every unary call with its request message.
+/// What `/t.S/Big` answers: 1 MiB.
+pub const BIG: usize = 1 << 20;
+static BIG_ANSWER: [u8; BIG] = [b'v'; BIG];
+
+/// Answers `/t.S/Echo` with its request message, `/t.S/Big` with [`BIG`] bytes.
 #[derive(Debug)]
 pub struct Echo;
 
 impl grpc_wire::Unary for Echo {
     fn route(&self, path: &[u8]) -> Option<usize> {
-        (path == b"/t.S/Echo").then_some(0)
+        match path {
+            b"/t.S/Echo" => Some(0),
+            b"/t.S/Big" => Some(1),
+            _ => None,
+        }
     }
 
-    fn call(&self, _: usize, msg: Bytes, _: grpc_wire::CallHead<'_>) -> grpc_wire::UnaryFuture {
-        Box::pin(std::future::ready(Ok(msg)))
+    fn call(&self, id: usize, msg: Bytes, _: grpc_wire::CallHead<'_>) -> grpc_wire::UnaryFuture {
+        let answer = match id {
+            0 => msg,
+            _ => Bytes::from_static(&BIG_ANSWER),
+        };
+        Box::pin(std::future::ready(Ok(answer)))
     }
 }
 
@@ -69,6 +81,8 @@ impl tower_service::Service<http::Request<grpc_wire::RecvBody>> for Drain {
 pub mod block {
     /// :method POST, :scheme http, :path /t.S/Echo, content-type: application/grpc
     pub const ECHO: &[u8] = b"\x83\x86\x04\x09/t.S/Echo\x0f\x10\x10application/grpc";
+    /// :method POST, :scheme http, :path /t.S/Big, content-type: application/grpc
+    pub const BIG: &[u8] = b"\x83\x86\x04\x08/t.S/Big\x0f\x10\x10application/grpc";
     /// :method GET, :scheme http, :path /
     pub const GET: &[u8] = b"\x82\x86\x84";
 }
@@ -92,8 +106,18 @@ pub fn grpc_message(msg: &[u8]) -> Vec<u8> {
 
 /// The client's preface and an empty SETTINGS.
 pub fn preface() -> Vec<u8> {
+    preface_with(&[])
+}
+
+/// The client's preface and SETTINGS of `(id, value)` pairs.
+pub fn preface_with(settings: &[(u16, u32)]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (id, v) in settings {
+        payload.extend_from_slice(&id.to_be_bytes());
+        payload.extend_from_slice(&v.to_be_bytes());
+    }
     let mut out = grpc_wire::frame::PREFACE.to_vec();
-    out.extend_from_slice(&frame(SETTINGS, 0, 0, &[]));
+    out.extend_from_slice(&frame(SETTINGS, 0, 0, &payload));
     out
 }
 
@@ -150,14 +174,30 @@ pub fn connect(
     tokio::io::DuplexStream,
     tokio::task::JoinHandle<Result<(), grpc_wire::Error>>,
 ) {
+    connect_shared(Arc::new(cfg), None)
+}
+
+/// A connection served with `cfg`, shared with other connections (and so its guard), from
+/// client address `addr`.
+pub fn connect_shared(
+    cfg: Arc<grpc_wire::Config>,
+    addr: Option<&str>,
+) -> (
+    tokio::io::DuplexStream,
+    tokio::task::JoinHandle<Result<(), grpc_wire::Error>>,
+) {
     let (client, server) = tokio::io::duplex(1 << 20);
+    let mut ext = http::Extensions::new();
+    if let Some(a) = addr {
+        ext.insert(grpc_wire::RemoteAddr(a.parse().expect("an address")));
+    }
     let conn = tokio::spawn(grpc_wire::serve(
         server,
         b"",
-        Arc::new(cfg),
+        cfg,
         Arc::new(Echo),
         Drain,
-        Default::default(),
+        ext,
         std::future::pending(),
     ));
     (client, conn)
