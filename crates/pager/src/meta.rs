@@ -77,6 +77,12 @@ impl Meta {
         if !valid_page_size(m.page_size) {
             return Err(format!("invalid page size {}", m.page_size));
         }
+        if m.high_water.checked_mul(m.page_size as u64).is_none() {
+            return Err(format!(
+                "high water {} pages of {} bytes is past any file's size",
+                m.high_water, m.page_size
+            ));
+        }
         let in_range = |p: PageId| p.0 >= 2 && p.0 < m.high_water;
         if !in_range(m.root) {
             return Err(format!("root page {} outside 2..{}", m.root, m.high_water));
@@ -119,5 +125,21 @@ mod tests {
             c[bit / 8] ^= 1 << (bit % 8);
             assert!(Meta::decode(&c).is_err(), "flipped bit {bit} accepted");
         }
+    }
+
+    /// Found by the `pager_open` fuzz target: a meta whose checksum holds but whose high
+    /// water, in bytes, overflows (open multiplied it and panicked).
+    #[test]
+    fn a_high_water_past_any_file_size_is_refused() {
+        let m = Meta {
+            page_size: 4096,
+            root: PageId(3),
+            freelist: PageId(4),
+            freelist_pages: 2,
+            high_water: u64::MAX / 2048,
+            txid: TxId(7),
+        };
+        let err = Meta::decode(&m.encode()).unwrap_err();
+        assert!(err.contains("past any file's size"), "{err}");
     }
 }

@@ -250,3 +250,27 @@ fn flipped_byte_in_any_used_page_is_detected_and_never_panics() {
         "every flip hit the freelist: the test reached no tree page"
     );
 }
+
+/// Found by the `pager_open` fuzz target (fuzz/fuzz_targets/pager_open.rs): an 87-byte file
+/// whose first meta page checks out but claims more pages than a file can hold. Opening it
+/// multiplied past u64 and panicked; it is refused as a file with no valid meta.
+#[test]
+fn a_meta_claiming_more_pages_than_a_file_can_hold_is_refused() {
+    const FILE: [u8; 87] = [
+        66, 68, 86, 75, 1, 0, 0, 0, 0, 16, 0, 0, 107, 48, 49, 55, 53, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255,
+        255, 255, 255, 255, 204, 230, 137, 204, 255, 255, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        97, 0, 72, 183, 0, 0, 83, 0, 0, 38, 0,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    std::fs::write(&path, FILE).unwrap();
+    for freelist in [pager::FreelistKind::Array, pager::FreelistKind::Hashmap] {
+        let opts = pager::Options {
+            freelist,
+            ..pager::Options::default()
+        };
+        let err = Db::open(&path, opts).err().expect("refused");
+        assert!(matches!(err, Error::NoValidMeta { .. }), "{err:?}");
+    }
+}
