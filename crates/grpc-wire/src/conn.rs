@@ -243,6 +243,8 @@ pub(crate) struct Conn<T, S> {
     paused: bool,
     /// The oldest unary request still receiving its body, when last looked for.
     oldest: Option<u32>,
+    /// Unary requests received whole whose calls have not started, oldest first.
+    due: VecDeque<u32>,
 }
 
 /// Serves one HTTP/2 connection until the peer closes it, a protocol error, or `shutdown`
@@ -386,6 +388,7 @@ where
             published: 0,
             paused: false,
             oldest: None,
+            due: VecDeque::new(),
         }
     }
 
@@ -426,8 +429,9 @@ where
                     Poll::Pending => {}
                 }
             }
-            // Calls run on only while the unsent output is within its bound: each answer
-            // is checked, so one answer at most goes past it.
+            // Calls start and run on only while the unsent output is within its bound: each
+            // answer is checked, so one answer at most goes past it.
+            busy |= self.start_calls();
             let waker = self.calls_waker.clone();
             let mut calls_cx = Context::from_waker(&waker);
             while !self.output_full() {

@@ -204,7 +204,7 @@ impl Default for Config {
             keepalive_interval: Some(Duration::from_secs(2 * 3600)),
             keepalive_timeout: Duration::from_secs(20),
             ping_min_interval: Duration::from_secs(5),
-            max_conn_buffer: 32 << 20,
+            max_conn_buffer: 16 << 20,
             max_total_buffer: 512 << 20,
             guard: Arc::default(),
         }

@@ -148,7 +148,7 @@ pub struct ProxyFlags {
     pub max_concurrent_streams: u32,
     /// kvd's: bytes one client connection may hold, for unsent responses and again for
     /// request state; past it the connection's requests wait (or new streams are refused).
-    #[arg(long, default_value_t = 32 << 20)]
+    #[arg(long, default_value_t = 16 << 20)]
     pub max_connection_buffer_bytes: usize,
     /// kvd's: bytes all client connections may hold together; past it the connections
     /// holding more than 1 MiB are held back, so that the others are served.
@@ -342,7 +342,7 @@ pub struct ServeFlags {
     pub max_concurrent_streams: u32,
     /// kvd's: bytes one client connection may hold, for unsent responses and again for
     /// request state; past it the connection's requests wait (or new streams are refused).
-    #[arg(long, env = "KVD_MAX_CONNECTION_BUFFER_BYTES", default_value_t = 32 << 20)]
+    #[arg(long, env = "KVD_MAX_CONNECTION_BUFFER_BYTES", default_value_t = 16 << 20)]
     pub max_connection_buffer_bytes: usize,
     /// kvd's: bytes all client connections may hold together; past it the connections
     /// holding more than 1 MiB are held back, so that the others are served.

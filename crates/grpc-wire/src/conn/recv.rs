@@ -424,8 +424,35 @@ where
         Ok(())
     }
 
-    /// The request of stream `id` is complete: a unary call starts.
+    /// The request of stream `id` is complete: a unary call is due to start (the turn starts
+    /// it, unless the connection's output is full: see [`Conn::start_calls`]).
     pub(super) fn remote_ended(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        if matches!(s.kind, Kind::Unary { .. }) {
+            self.due.push_back(id);
+        } else {
+            self.finish_if_done(id);
+        }
+    }
+
+    /// Starts the calls due, while the output has room: a call not started holds only its
+    /// request's bytes, where a started one holds its decoded request and its future.
+    pub(super) fn start_calls(&mut self) -> bool {
+        let mut started = false;
+        while !self.due.is_empty() && !self.output_full() {
+            let id = self.due.pop_front().expect("not empty");
+            self.start_call(id);
+            started = true;
+        }
+        if self.due.capacity() > 1024 && self.due.is_empty() {
+            self.due.shrink_to_fit();
+        }
+        started
+    }
+
+    fn start_call(&mut self, id: u32) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -451,10 +478,7 @@ where
                 }
                 Err(status) => self.answer(id, Err(status)),
             },
-            other => {
-                s.kind = other;
-                self.finish_if_done(id);
-            }
+            other => s.kind = other,
         }
     }
 
