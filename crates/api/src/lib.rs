@@ -35,3 +35,56 @@ pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
     include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
+
+/// The shape of every message above, generated from `proto/` with the code: what reading
+/// JSON as protobuf's JSON mapping does (the gateway checks a request's JSON against it, to
+/// refuse it in etcd's words).
+pub mod schema {
+    /// A field's type as protobuf's JSON mapping reads it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        Bool,
+        Int32,
+        Int64,
+        Uint32,
+        Uint64,
+        Float,
+        Double,
+        String,
+        Bytes,
+        Enum,
+        Message,
+    }
+
+    /// One field of a message.
+    #[derive(Debug)]
+    pub struct Field {
+        pub name: &'static str,
+        /// The lowerCamelCase name JSON may use instead of `name`.
+        pub json_name: &'static str,
+        pub kind: Kind,
+        pub repeated: bool,
+        /// For a message or enum: its full name (`.etcdserverpb.Compare`).
+        pub type_name: &'static str,
+        /// The oneof it belongs to, if any.
+        pub oneof: Option<&'static str>,
+    }
+
+    include!(concat!(env!("OUT_DIR"), "/schema.rs"));
+
+    /// The values of enum `full_name` (`.etcdserverpb.RangeRequest.SortOrder`): names and
+    /// numbers.
+    pub fn enum_values(full_name: &str) -> &'static [(&'static str, i32)] {
+        ENUMS
+            .binary_search_by(|(n, _)| (*n).cmp(full_name))
+            .map_or(&[], |i| ENUMS[i].1)
+    }
+
+    /// The fields of message `full_name` (`.etcdserverpb.RangeRequest`).
+    pub fn message(full_name: &str) -> Option<&'static [Field]> {
+        MESSAGES
+            .binary_search_by(|(n, _)| (*n).cmp(full_name))
+            .ok()
+            .map(|i| MESSAGES[i].1)
+    }
+}
