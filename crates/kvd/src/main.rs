@@ -151,19 +151,43 @@ fn serve(f: ServeFlags) -> Result<()> {
     } else {
         Traffic::Grpc
     };
-    let listeners = vec![
-        (client_ls, client_traffic),
-        (http_ls, Traffic::Http),
-        (metrics_ls, Traffic::Metrics),
-    ];
+    // Metrics and health at once; clients once this member's attributes are published (as
+    // etcd: until then the member list would show it without its client URLs). A client
+    // connecting meanwhile waits in the listener's backlog.
     servers.extend(client_port::serve_all(
         rt.handle(),
-        listeners,
+        vec![(metrics_ls, Traffic::Metrics)],
         &port,
-        acceptor,
+        acceptor.clone(),
         &stop_rx,
     ));
     rt.spawn(rpc::background(Arc::downgrade(&core)));
+    let listeners = vec![(client_ls, client_traffic), (http_ls, Traffic::Http)];
+    servers.push(rt.spawn({
+        let core = Arc::downgrade(&core);
+        let mut stop = stop_rx.clone();
+        async move {
+            let ready = async {
+                let Some(c) = core.upgrade() else {
+                    return false;
+                };
+                rpc::published(&c).await;
+                true
+            };
+            let ready = tokio::select! {
+                r = ready => r,
+                _ = stop.wait_for(|s| *s) => false,
+            };
+            if !ready {
+                return;
+            }
+            tracing::info!("serving client requests");
+            let handle = tokio::runtime::Handle::current();
+            for s in client_port::serve_all(&handle, listeners, &port, acceptor, &stop) {
+                let _ = s.await;
+            }
+        }
+    }));
 
     let why = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -28,7 +28,7 @@ use std::sync::Arc;
 pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
-pub use server::{background, Core, ServerConfig};
+pub use server::{background, published, Core, ServerConfig};
 pub use state::KvStateMachine;
 
 use api::etcdserverpb::auth_server::AuthServer;

@@ -315,8 +315,8 @@ pub async fn background(core: std::sync::Weak<Core>) {
     if let Some(c) = core.upgrade() {
         tokio::spawn(crate::compactor::run(core.clone(), c.cfg.auto_compaction));
     }
+    tokio::spawn(publish_until_done(core.clone()));
     let mut leading = false;
-    let mut published = false;
     let mut last_checkpoint = Instant::now();
     let mut tick = tokio::time::interval(EXPIRY_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -371,9 +371,43 @@ pub async fn background(core: std::sync::Weak<Core>) {
                 });
             }
         }
-        if !published {
-            published = publish(&core).await;
+    }
+}
+
+/// How often publishing this member's attributes is tried until it succeeds (it needs a
+/// leader).
+const PUBLISH_RETRY: Duration = Duration::from_millis(100);
+
+/// Publishes this member's attributes, trying until it succeeds or the core is gone.
+async fn publish_until_done(core: std::sync::Weak<Core>) {
+    loop {
+        let Some(c) = core.upgrade() else {
+            return;
+        };
+        if publish(&c).await {
+            return;
         }
+        drop(c);
+        tokio::time::sleep(PUBLISH_RETRY).await;
+    }
+}
+
+impl Core {
+    /// Whether the member list holds this member's name and client URLs as this member
+    /// has them.
+    pub fn published(&self) -> bool {
+        self.node
+            .members()
+            .get(self.id)
+            .is_some_and(|me| me.name == self.cfg.name && me.client_urls == self.cfg.client_urls)
+    }
+}
+
+/// Resolves once this member's attributes are in the member list: etcd serves clients only
+/// from then on, so that no client sees this member without its client URLs.
+pub async fn published(core: &Core) {
+    while !core.published() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -382,7 +416,7 @@ async fn publish(core: &Core) -> bool {
     let Some(me) = core.node.members().get(core.id).cloned() else {
         return false;
     };
-    if me.name == core.cfg.name && me.client_urls == core.cfg.client_urls {
+    if core.published() {
         return true;
     }
     let update = Member {
