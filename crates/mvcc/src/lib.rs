@@ -20,6 +20,7 @@
 
 mod alarm;
 mod auth;
+mod downgrade;
 mod error;
 mod hash;
 pub mod index;

@@ -179,6 +179,8 @@ pub(crate) struct Inner {
     pub(crate) lessor: Mutex<Lessor>,
     /// Alarms; taken after `state` when both are needed.
     pub(crate) alarms: Mutex<crate::alarm::AlarmSet>,
+    /// The downgrade job; taken after `state` when both are needed.
+    pub(crate) downgrade: Mutex<crate::downgrade::DowngradeState>,
     /// Users, roles and whether auth is on; taken after `state` when both are needed.
     pub(crate) auth: Mutex<crate::auth::AuthSet>,
     /// Whether auth is on, readable without the lock.
@@ -264,12 +266,13 @@ pub fn init_metrics() {
     std::sync::LazyLock::force(&BACKEND_COMMIT);
 }
 
-/// What a flush writes besides revisions: lease, alarm and auth changes.
+/// What a flush writes besides revisions: lease, alarm, auth and downgrade changes.
 #[derive(Clone, Copy)]
 struct Side<'a> {
     leases: &'a std::collections::BTreeMap<i64, Option<[u8; 16]>>,
     alarms: &'a std::collections::BTreeMap<(u64, i32), bool>,
     auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
+    downgrade: Option<&'a api::etcdserverpb::DowngradeInfo>,
 }
 
 /// File sizes before and after a defragmentation.
@@ -316,6 +319,7 @@ impl Store {
         }
         let (mut index, rev, finished, scheduled, applied, mut lessor) = restore(&db, &path)?;
         let raised = crate::alarm::restore(&db, &path)?;
+        let downgrade = crate::downgrade::restore(&db, &path)?;
         let auth = crate::auth::restore(&db, &path)?;
         lessor.min_ttl = opts.min_lease_ttl;
         let pending = Arc::new(Pending::default());
@@ -332,6 +336,10 @@ impl Store {
             alarms: Mutex::new(crate::alarm::AlarmSet {
                 raised,
                 ..Default::default()
+            }),
+            downgrade: Mutex::new(crate::downgrade::DowngradeState {
+                info: downgrade,
+                dirty: false,
             }),
             auth_enabled: std::sync::atomic::AtomicBool::new(auth.enabled),
             auth: Mutex::new(crate::auth::AuthSet {
@@ -640,13 +648,17 @@ impl Inner {
     /// One flush: the pending batch, the applied index, and one step of a compaction under way.
     fn flush(&self) -> Result<()> {
         let mut job = self.flushing.lock();
-        let (taken, applied, new_compaction, leases, alarms, auth) = {
+        let (taken, applied, new_compaction, leases, alarms, auth, downgrade) = {
             let mut st = self.state.lock();
             if let Some(f) = &st.failed {
                 return Err(Error::Stopped(f.clone()));
             }
             let leases = std::mem::take(&mut self.lessor.lock().dirty);
             let alarms = std::mem::take(&mut self.alarms.lock().dirty);
+            let downgrade = {
+                let mut d = self.downgrade.lock();
+                std::mem::take(&mut d.dirty).then(|| d.info.clone())
+            };
             let auth = {
                 let mut a = self.auth.lock();
                 (std::mem::take(&mut a.dirty), a.data.clone())
@@ -658,6 +670,7 @@ impl Inner {
                 && leases.is_empty()
                 && alarms.is_empty()
                 && auth.0.is_empty()
+                && downgrade.is_none()
             {
                 return Ok(());
             }
@@ -672,12 +685,14 @@ impl Inner {
                 leases,
                 alarms,
                 auth,
+                downgrade,
             )
         };
         let side = Side {
             leases: &leases,
             alarms: &alarms,
             auth: (&auth.0, &auth.1),
+            downgrade: downgrade.as_ref(),
         };
         let result = self.write_flush(&taken, applied, new_compaction, side, &mut job);
         match result {
@@ -747,6 +762,9 @@ impl Inner {
             let mut meta = tx.bucket(META_BUCKET)?;
             meta.put(CONSISTENT_INDEX, &(applied.index as i64).to_be_bytes())?;
             meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
+            if let Some(d) = side.downgrade {
+                meta.put(crate::downgrade::KEY, &prost::Message::encode_to_vec(d))?;
+            }
             if let Some(t) = new_compaction {
                 meta.put(SCHEDULED_COMPACT, &t.to_be_bytes())?;
                 *job = Some(CompactJob::new(t));

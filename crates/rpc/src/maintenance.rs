@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::etcdserverpb::alarm_request::AlarmAction;
+use api::etcdserverpb::downgrade_request::DowngradeAction;
 use api::etcdserverpb::maintenance_server::Maintenance;
 use api::etcdserverpb::{
     AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest, DefragmentResponse,
-    DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
-    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
-    StatusResponse,
+    DowngradeInfo, DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest,
+    HashResponse, MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse,
+    StatusRequest, StatusResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -167,8 +168,7 @@ impl Maintenance for MaintenanceService {
             storage_version: STORAGE_VERSION.into(),
             // As etcd: the flag as given (0 when unset), not the quota in force.
             db_size_quota: self.core.cfg.quota_backend_bytes as i64,
-            // As etcd: present, not enabled (kvd has no downgrades).
-            downgrade_info: Some(Default::default()),
+            downgrade_info: Some(store.downgrade()),
         }))
     }
 
@@ -184,10 +184,8 @@ impl Maintenance for MaintenanceService {
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(|e| error::mvcc(&e))?;
-        let rev = self.core.backend.store().rev();
-        Ok(Response::new(DefragmentResponse {
-            header: Some(self.core.header(rev)),
-        }))
+        // As etcd's: no header.
+        Ok(Response::new(DefragmentResponse::default()))
     }
 
     async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
@@ -242,7 +240,6 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.core.admin(self.core.who(&req).await?.as_ref())?;
         let backend = self.core.backend.clone();
-        let header = self.core.header(backend.store().rev());
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             let fail = |e: std::io::Error| Err(Status::internal(format!("snapshot: {e}")));
@@ -253,7 +250,6 @@ impl Maintenance for MaintenanceService {
                     return;
                 }
             };
-            let mut first = true;
             loop {
                 let mut blob = vec![0; SNAPSHOT_CHUNK];
                 let mut n = 0;
@@ -269,18 +265,14 @@ impl Maintenance for MaintenanceService {
                 }
                 blob.truncate(n);
                 let last = n < SNAPSHOT_CHUNK;
+                // As etcd's: no header, the storage version on every message.
                 let resp = SnapshotResponse {
-                    header: Some(header),
+                    header: None,
                     // The dump's size is known only at its end: an estimate until then.
                     remaining_bytes: if last { 0 } else { stream.remaining_hint() },
                     blob,
-                    version: if first {
-                        ETCD_API_VERSION.into()
-                    } else {
-                        String::new()
-                    },
+                    version: STORAGE_VERSION.into(),
                 };
-                first = false;
                 if tx.blocking_send(Ok(resp)).is_err() || last {
                     return;
                 }
@@ -323,19 +315,117 @@ impl Maintenance for MaintenanceService {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let rev = self.core.backend.store().rev();
-        Ok(Response::new(MoveLeaderResponse {
-            header: Some(self.core.header(rev)),
-        }))
+        // As etcd's: no header.
+        Ok(Response::new(MoveLeaderResponse::default()))
     }
 
     async fn downgrade(
         &self,
         req: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        self.core.admin(self.core.who(&req).await?.as_ref())?;
-        Err(Status::unimplemented(
-            "kvd: cluster downgrade is not supported",
-        ))
+        let who = self.core.who(&req).await?;
+        self.core.admin(who.as_ref())?;
+        let req = req.into_inner();
+        // As etcd: read the job after every write acknowledged before the call.
+        self.core.linearize().await?;
+        let store = self.core.backend.store();
+        let job = store.downgrade();
+        let resp = || {
+            Response::new(DowngradeResponse {
+                header: Some(self.core.header(store.rev())),
+                version: CLUSTER_VERSION.into(),
+            })
+        };
+        let set = |info: DowngradeInfo| self.core.propose(Op::DowngradeInfoSet(info), who.as_ref());
+        match DowngradeAction::try_from(req.action) {
+            Ok(DowngradeAction::Validate) => {
+                downgrade_target(&req.version, job.enabled)?;
+                Ok(resp())
+            }
+            Ok(DowngradeAction::Enable) => {
+                let target = downgrade_target(&req.version, job.enabled)?;
+                set(DowngradeInfo {
+                    enabled: true,
+                    target_version: target,
+                })
+                .await?;
+                Ok(resp())
+            }
+            // etcd 3.6.5 cancels whether or not a job is under way.
+            Ok(DowngradeAction::Cancel) => {
+                if job.enabled {
+                    set(DowngradeInfo::default()).await?;
+                }
+                Ok(resp())
+            }
+            Err(_) => Err(Status::invalid_argument("etcdserver: unknown method")),
+        }
+    }
+}
+
+/// The cluster version (etcd's: major.minor of the version the members run).
+const CLUSTER_VERSION: &str = "3.6";
+
+/// The target a downgrade request may name (`3.5` or `3.5.z`: etcd takes major.minor, or a
+/// full version whose patch it drops, and allows only the minor version below the cluster's),
+/// as stored in the job (`3.5.0`); etcd's errors otherwise.
+fn downgrade_target(version: &str, in_progress: bool) -> Result<String, Status> {
+    let wrong = || Status::invalid_argument("etcdserver: wrong downgrade target version format");
+    let (major, minor) = semver_major_minor(version)
+        .or_else(|| semver_major_minor(&format!("{version}.0")))
+        .ok_or_else(wrong)?;
+    let (cluster_major, cluster_minor) =
+        semver_major_minor(&format!("{CLUSTER_VERSION}.0")).expect("a version");
+    if (major, minor) != (cluster_major, cluster_minor.wrapping_sub(1)) {
+        return Err(Status::invalid_argument(
+            "etcdserver: invalid downgrade target version",
+        ));
+    }
+    if in_progress {
+        return Err(Status::failed_precondition(
+            "etcdserver: cluster has a downgrade job in progress",
+        ));
+    }
+    Ok(format!("{major}.{minor}.0"))
+}
+
+/// Major and minor of a semantic version `X.Y.Z[-pre][+build]` (coreos/go-semver's syntax).
+fn semver_major_minor(v: &str) -> Option<(u64, u64)> {
+    let core = v.split(['-', '+']).next()?;
+    let parts: Vec<&str> = core.split('.').collect();
+    let [major, minor, patch] = parts.as_slice() else {
+        return None;
+    };
+    let num = |s: &str| -> Option<u64> {
+        let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        ok.then(|| s.parse().ok()).flatten()
+    };
+    num(patch)?;
+    Some((num(major)?, num(minor)?))
+}
+
+#[cfg(test)]
+mod downgrade_tests {
+    use super::*;
+
+    #[test]
+    fn targets_as_etcd_takes_them() {
+        assert_eq!(downgrade_target("3.5", false).unwrap(), "3.5.0");
+        assert_eq!(downgrade_target("3.5.9", false).unwrap(), "3.5.0");
+        let e = |v: &str, busy| downgrade_target(v, busy).unwrap_err();
+        assert_eq!(
+            e("v3.5", false).message(),
+            "etcdserver: wrong downgrade target version format"
+        );
+        assert_eq!(e("bad", false).code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e("3.4", false).message(),
+            "etcdserver: invalid downgrade target version"
+        );
+        assert_eq!(
+            e("3.6", false).message(),
+            "etcdserver: invalid downgrade target version"
+        );
+        assert_eq!(e("3.5", true).code(), tonic::Code::FailedPrecondition);
     }
 }

@@ -6,9 +6,9 @@ use api::etcdserverpb::{
     AuthRoleDeleteRequest, AuthRoleGrantPermissionRequest, AuthRoleRevokePermissionRequest,
     AuthUserAddRequest, AuthUserChangePasswordRequest, AuthUserDeleteRequest,
     AuthUserGrantRoleRequest, AuthUserRevokeRoleRequest, CompactionRequest, CompactionResponse,
-    DeleteRangeRequest, DeleteRangeResponse, LeaseCheckpointRequest, LeaseGrantRequest,
-    LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutRequest, PutResponse,
-    TxnRequest, TxnResponse,
+    DeleteRangeRequest, DeleteRangeResponse, DowngradeInfo, LeaseCheckpointRequest,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutRequest,
+    PutResponse, TxnRequest, TxnResponse,
 };
 use prost::Message;
 
@@ -17,7 +17,7 @@ use prost::Message;
 pub struct InternalRequest {
     #[prost(
         oneof = "Op",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21"
     )]
     pub op: Option<Op>,
     /// Who asked, for a client's request (etcd's RequestHeader): applying it checks the
@@ -94,6 +94,9 @@ pub enum Op {
     RoleGrantPermission(AuthRoleGrantPermissionRequest),
     #[prost(message, tag = "20")]
     RoleRevokePermission(AuthRoleRevokePermissionRequest),
+    /// The cluster's downgrade job set (enabled, with its target version) or cancelled.
+    #[prost(message, tag = "21")]
+    DowngradeInfoSet(DowngradeInfo),
 }
 
 impl Op {

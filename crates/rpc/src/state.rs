@@ -52,7 +52,7 @@ impl KvStateMachine {
             Op::Txn(t) => auth::txn(&mut c, t),
             Op::Compaction(_) => auth::compaction(&mut c),
             Op::LeaseRevoke(r) => c.lease(r.id),
-            Op::Alarm(_) => c.admin(),
+            Op::Alarm(_) | Op::DowngradeInfoSet(_) => c.admin(),
             op if op.needs_admin() => c.admin(),
             // Anyone may grant a lease (etcd's rule); Authenticate was checked by password;
             // checkpoints are the leader's own.
@@ -132,6 +132,10 @@ impl KvStateMachine {
                     }),
                     alarms,
                 })
+            }
+            Op::DowngradeInfoSet(d) => {
+                w.set_downgrade(d);
+                Response::None
             }
             // Routed to the auth store above.
             _ => return Ok(Err(AuthError::InvalidAuthMgmt.status())),
