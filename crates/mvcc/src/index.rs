@@ -98,7 +98,13 @@ impl KeyIndex {
         let mut gi = 0;
         while gi + 1 < self.gens.len() {
             let tomb = self.gens[gi].revs.last().map_or(i64::MAX, |r| r.main);
-            if tomb >= at {
+            // A key deleted and put again within revision `at` (one txn: a delete of a range
+            // holding it, then a put) has its newest revision <= `at` in the next
+            // generation, not at the tombstone. etcd stops at the tombstone here, drops the
+            // put's revision from the store and keeps it in the index: its next read of the
+            // key at `at` or later is fatal ("range failed to find revision pair").
+            let recreated = self.gens[gi + 1].revs.first().is_some_and(|r| r.main <= at);
+            if tomb >= at && !recreated {
                 break;
             }
             gi += 1;
