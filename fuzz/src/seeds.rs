@@ -21,12 +21,13 @@ fn main() -> io::Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
-    let sets: [(&str, Seeds); 5] = [
+    let sets: [(&str, Seeds); 6] = [
         ("pager_open", pager_files()?),
         ("wal_open", wal_segments()?),
         ("http2_conn", http2_streams()?),
         ("gateway_json", gateway_bodies()),
         ("store_model", store_streams()),
+        ("raft_apply", raft_entries()),
     ];
     for (target, seeds) in sets {
         let dir = root.join(target);
@@ -469,4 +470,121 @@ fn store_streams() -> Seeds {
                 .collect()
         })
         .collect()
+}
+
+/// Raft entries as kvd writes them: an internal request of every kind, the member's own and a
+/// client's (with the caller's header), in batches of a few.
+fn raft_entries() -> Seeds {
+    use api::etcdserverpb::*;
+    use rpc::request::{InternalAuthenticate, InternalRequest, Op, RequestHeader};
+    let put = |k: &[u8], lease: i64| PutRequest {
+        key: k.to_vec(),
+        value: b"v".to_vec(),
+        lease,
+        prev_kv: true,
+        ..Default::default()
+    };
+    let ops = vec![
+        Op::Put(put(b"a", 0)),
+        Op::DeleteRange(DeleteRangeRequest {
+            key: b"a".to_vec(),
+            range_end: vec![0],
+            prev_kv: true,
+        }),
+        Op::Txn(TxnRequest {
+            compare: vec![Compare {
+                key: b"a".to_vec(),
+                target: compare::CompareTarget::Version as i32,
+                target_union: Some(compare::TargetUnion::Version(0)),
+                ..Default::default()
+            }],
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestPut(put(b"b", 0))),
+            }],
+            failure: vec![RequestOp {
+                request: Some(request_op::Request::RequestRange(RangeRequest {
+                    key: b"a".to_vec(),
+                    ..Default::default()
+                })),
+            }],
+        }),
+        Op::Compaction(CompactionRequest {
+            revision: 2,
+            physical: true,
+        }),
+        Op::LeaseGrant(LeaseGrantRequest { ttl: 60, id: 7 }),
+        Op::Put(put(b"leased", 7)),
+        Op::LeaseCheckpoint(LeaseCheckpointRequest {
+            checkpoints: vec![LeaseCheckpoint {
+                id: 7,
+                remaining_ttl: 30,
+            }],
+        }),
+        Op::LeaseRevoke(LeaseRevokeRequest { id: 7 }),
+        Op::Alarm(AlarmRequest {
+            action: 1,
+            member_id: 1,
+            alarm: 1,
+        }),
+        Op::UserAdd(AuthUserAddRequest {
+            name: "root".into(),
+            options: Some(api::authpb::UserAddOptions { no_password: true }),
+            ..Default::default()
+        }),
+        Op::RoleAdd(AuthRoleAddRequest {
+            name: "root".into(),
+        }),
+        Op::UserGrantRole(AuthUserGrantRoleRequest {
+            user: "root".into(),
+            role: "root".into(),
+        }),
+        Op::RoleGrantPermission(AuthRoleGrantPermissionRequest {
+            name: "root".into(),
+            perm: Some(api::authpb::Permission {
+                perm_type: 2,
+                key: b"a".to_vec(),
+                range_end: vec![0],
+            }),
+        }),
+        Op::AuthEnable(AuthEnableRequest {}),
+        Op::Authenticate(InternalAuthenticate {
+            name: "root".into(),
+            simple_token: "tok".into(),
+        }),
+        Op::DowngradeInfoSet(DowngradeInfo {
+            enabled: true,
+            target_version: "3.5.0".into(),
+        }),
+        Op::AuthDisable(AuthDisableRequest {}),
+    ];
+    let encoded: Vec<Vec<u8>> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| match i % 3 {
+            0 => InternalRequest::encode_from(
+                op.clone(),
+                RequestHeader {
+                    username: "root".into(),
+                    auth_revision: 1,
+                },
+            ),
+            _ => InternalRequest::encode(op.clone()),
+        })
+        .collect();
+    let frame = |entries: &[Vec<u8>]| -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in entries {
+            out.extend_from_slice(&(e.len() as u16).to_le_bytes());
+            out.extend_from_slice(e);
+        }
+        out
+    };
+    let mut seeds: Seeds = encoded
+        .iter()
+        .map(|e| frame(std::slice::from_ref(e)))
+        .collect();
+    seeds.push(frame(&encoded));
+    seeds.push(frame(&encoded[..6]));
+    seeds.push(frame(&encoded[9..]));
+    seeds
 }
