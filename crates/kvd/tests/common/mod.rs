@@ -700,9 +700,25 @@ pub fn normalize(s: &str, endpoint: &str) -> String {
             ),
             None => l.to_string(),
         };
-        lines.push(without_json_field(&l, "raft_term"));
+        lines.push(without_json_field(&table_cells(&l), "raft_term"));
     }
     lines.join("\n")
+}
+
+/// A line of an etcdctl table without its padding: columns are as wide as their widest cell,
+/// and a member id prints as 15 hex digits or 16 (the leading zero left out).
+fn table_cells(l: &str) -> String {
+    if l.starts_with('+') && l.chars().all(|c| c == '+' || c == '-') {
+        return l
+            .split('+')
+            .map(|c| if c.is_empty() { "" } else { "-" })
+            .collect::<Vec<_>>()
+            .join("+");
+    }
+    if l.starts_with('|') {
+        return l.split('|').map(str::trim).collect::<Vec<_>>().join("|");
+    }
+    l.to_string()
 }
 
 /// Drops `"field":<number>` from JSON output.
