@@ -93,7 +93,7 @@ impl Kv for KvService {
 }
 
 // The calls themselves, shared by the tonic service above and the client connection's
-// unary path (`fast.rs`); `who` is the caller, whose permissions are checked here (and again
+// unary path (`direct_kv.rs`); `who` is the caller, whose permissions are checked here (and again
 // when a write is applied).
 
 pub(crate) async fn range(

@@ -7,29 +7,29 @@
 //! applied by [`KvStateMachine`] in raft order, and answered once applied here. Linearizable
 //! reads wait for a ReadIndex round and read a store snapshot; serializable reads skip the round.
 
+pub mod apply;
 pub mod auth;
 pub mod backend;
 mod cluster;
 pub mod compactor;
 mod concurrency;
+mod direct_kv;
 mod error;
-mod fast;
 mod http;
 mod kv;
 mod lease;
 mod maintenance;
 pub mod request;
 pub mod server;
-pub mod state;
 mod watch;
 
 use std::sync::Arc;
 
+pub use apply::KvStateMachine;
 pub use backend::{check_snapshot_file, restore_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
 pub use server::{background, published, Core, ServerConfig};
-pub use state::KvStateMachine;
 
 use api::etcdserverpb::auth_server::AuthServer;
 use api::etcdserverpb::cluster_server::ClusterServer;
@@ -116,7 +116,7 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
         ),
         grpc_router: finish(grpc.layer(gate.clone())),
         http_router: finish(gateway.layer(gate).merge(http::router(core.clone()))),
-        unary: Arc::new(fast::KvCalls::new(core.clone())),
+        unary: Arc::new(direct_kv::KvCalls::new(core.clone())),
         config: Arc::new(config),
     }
 }

@@ -1,0 +1,211 @@
+//! Flushing: the pending batch, the applied consensus position, lease, alarm, auth and
+//! downgrade changes, and one step of a compaction under way, in one pager commit.
+
+use std::sync::{Arc, Weak};
+
+use super::compaction::CompactJob;
+use super::layout::{
+    ALARM_BUCKET, CONSISTENT_INDEX, FINISHED_COMPACT, KEY_BUCKET, LEASE_BUCKET, META_BUCKET,
+    SCHEDULED_COMPACT, TERM,
+};
+use super::open::{Applied, Inner};
+use super::pending::Pending;
+use crate::error::{Error, Result};
+
+/// The latency of the pager commits that flush writes (etcd's name; 1 ms to 8 s, doubling).
+pub(super) static BACKEND_COMMIT: std::sync::LazyLock<prometheus::Histogram> =
+    std::sync::LazyLock::new(|| {
+        let opts = prometheus::HistogramOpts::new(
+            "etcd_disk_backend_commit_duration_seconds",
+            "The latency distributions of commit called by backend.",
+        )
+        .buckets(prometheus::exponential_buckets(0.001, 2.0, 14).unwrap_or_default());
+        let h = prometheus::Histogram::with_opts(opts).expect("a valid metric");
+        if let Err(e) = prometheus::register(Box::new(h.clone())) {
+            tracing::warn!("registering a metric: {e}");
+        }
+        h
+    });
+
+/// Registers the store's metrics now, so `/metrics` lists them before their first sample.
+pub fn init_metrics() {
+    std::sync::LazyLock::force(&BACKEND_COMMIT);
+}
+
+/// What a flush writes besides revisions: lease, alarm, auth and downgrade changes.
+#[derive(Clone, Copy)]
+pub(super) struct Side<'a> {
+    pub(super) leases: &'a std::collections::BTreeMap<i64, Option<[u8; 16]>>,
+    pub(super) alarms: &'a std::collections::BTreeMap<(u64, i32), bool>,
+    pub(super) auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
+    pub(super) downgrade: Option<&'a api::etcdserverpb::DowngradeInfo>,
+}
+
+pub(super) fn flush_loop(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let wait = if inner.flushing.lock().is_some() {
+            inner.opts.compaction_sleep
+        } else {
+            inner.opts.batch_interval
+        };
+        if !inner.wake.wait(wait) {
+            return;
+        }
+        if let Err(e) = inner.flush() {
+            tracing::error!(path = %inner.path.display(), error = %e, "background flush failed");
+        }
+    }
+}
+
+impl Inner {
+    /// One flush: the pending batch, the applied index, and one step of a compaction under way.
+    pub(super) fn flush(&self) -> Result<()> {
+        let mut job = self.flushing.lock();
+        let (taken, applied, new_compaction, leases, alarms, auth, downgrade) = {
+            let mut st = self.state.lock();
+            if let Some(f) = &st.failed {
+                return Err(Error::Stopped(f.clone()));
+            }
+            let leases = std::mem::take(&mut self.lessor.lock().dirty);
+            let alarms = std::mem::take(&mut self.alarms.lock().dirty);
+            let downgrade = {
+                let mut d = self.downgrade.lock();
+                std::mem::take(&mut d.dirty).then(|| d.info.clone())
+            };
+            let auth = {
+                let mut a = self.auth.lock();
+                (std::mem::take(&mut a.dirty), a.data.clone())
+            };
+            if st.pending_len == 0
+                && st.applied == st.persisted
+                && st.new_compaction.is_none()
+                && job.is_none()
+                && leases.is_empty()
+                && alarms.is_empty()
+                && auth.0.is_empty()
+                && downgrade.is_none()
+            {
+                return Ok(());
+            }
+            let fresh = Arc::new(Pending::default());
+            let taken = std::mem::replace(&mut st.pending, fresh.clone());
+            st.pending_len = 0;
+            self.view.write().pendings.push(fresh);
+            (
+                taken,
+                st.applied,
+                st.new_compaction.take(),
+                leases,
+                alarms,
+                auth,
+                downgrade,
+            )
+        };
+        let side = Side {
+            leases: &leases,
+            alarms: &alarms,
+            auth: (&auth.0, &auth.1),
+            downgrade: downgrade.as_ref(),
+        };
+        let result = self.write_flush(&taken, applied, new_compaction, side, &mut job);
+        match result {
+            Ok(()) => {
+                self.view
+                    .write()
+                    .pendings
+                    .retain(|p| !Arc::ptr_eq(p, &taken));
+                let mut st = self.state.lock();
+                if applied.index > st.persisted.index {
+                    st.persisted = applied;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("flush to {} failed: {e}", self.path.display());
+                tracing::error!("{msg}");
+                self.state.lock().failed = Some(msg);
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn write_flush(
+        &self,
+        taken: &Pending,
+        applied: Applied,
+        new_compaction: Option<i64>,
+        side: Side<'_>,
+        job: &mut Option<CompactJob>,
+    ) -> Result<()> {
+        let db = self.db();
+        let mut tx = db.begin_write()?;
+        let leases = side.leases;
+        if !side.auth.0.is_empty() {
+            side.auth.0.write(side.auth.1, &mut tx)?;
+        }
+        if !side.alarms.is_empty() {
+            let mut b = tx.bucket(ALARM_BUCKET)?;
+            for (&(member, alarm), &raised) in side.alarms {
+                let k = crate::alarm::key(member, alarm);
+                if raised {
+                    b.put(&k, &[])?;
+                } else {
+                    b.delete(&k)?;
+                }
+            }
+        }
+        if !leases.is_empty() {
+            let mut b = tx.bucket(LEASE_BUCKET)?;
+            for (id, v) in leases {
+                match v {
+                    Some(v) => b.put(&id.to_be_bytes(), v)?,
+                    None => {
+                        b.delete(&id.to_be_bytes())?;
+                    }
+                }
+            }
+        }
+        {
+            let mut keys = tx.bucket(KEY_BUCKET)?;
+            for (rev, tomb, v) in taken.entries.read().iter() {
+                keys.put(rev.to_key(tomb).as_bytes(), v)?;
+            }
+        }
+        {
+            let mut meta = tx.bucket(META_BUCKET)?;
+            meta.put(CONSISTENT_INDEX, &(applied.index as i64).to_be_bytes())?;
+            meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
+            if let Some(d) = side.downgrade {
+                meta.put(crate::downgrade::KEY, &prost::Message::encode_to_vec(d))?;
+            }
+            if let Some(t) = new_compaction {
+                meta.put(SCHEDULED_COMPACT, &t.to_be_bytes())?;
+                *job = Some(CompactJob::new(t));
+            }
+        }
+        let mut finished = None;
+        if let Some(j) = job.as_mut() {
+            if self.compact_step(j, &mut tx)? {
+                tx.bucket(META_BUCKET)?
+                    .put(FINISHED_COMPACT, &j.target.to_be_bytes())?;
+                finished = Some(j.target);
+            }
+        }
+        let t = std::time::Instant::now();
+        if self.opts.durable_flush {
+            tx.commit()?;
+        } else {
+            tx.commit_nosync()?;
+        }
+        BACKEND_COMMIT.observe(t.elapsed().as_secs_f64());
+        if let Some(t) = finished {
+            *job = None;
+            tracing::info!(path = %self.path.display(), revision = t, "finished scheduled compaction");
+            let (m, cv) = &self.finished;
+            *m.lock() = t;
+            cv.notify_all();
+        }
+        Ok(())
+    }
+}
