@@ -1,0 +1,35 @@
+//! The peer transport over gRPC (tonic, HTTP/2): kvd's own `proto/kvd/peer.proto`.
+//!
+//! Sending: one task per peer keeps one long-lived stream open and writes batches — everything
+//! queued for that peer since the last write goes in one `Batch`, so a busy leader pipelines
+//! many appends per HTTP/2 frame. A broken or refused stream is reopened with exponential
+//! backoff; raft is told the peer is unreachable and resends what was lost. Snapshots go in
+//! their own call, in 1 MiB chunks that HTTP/2 flow control paces.
+//!
+//! Receiving: [`PeerService`] checks every stream's cluster id and target member (request
+//! metadata) before anything is read; a peer from another cluster is refused with
+//! FAILED_PRECONDITION naming both clusters, and the sender records and logs that refusal, so
+//! both sides say what is wrong.
+//!
+//! Its parts: `wire` (what both sides share: request metadata, identity checks, limits),
+//! `service` (receiving), `sender` (the [`Transport`](crate::transport::Transport) with one
+//! stream per peer), `probe` (round-trip times), `snapshot` (sending one), `join` (asking a
+//! peer for the cluster).
+
+mod join;
+mod probe;
+mod sender;
+mod service;
+mod snapshot;
+mod wire;
+
+/// The generated protocol code.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("kvdpeer");
+}
+
+pub use join::fetch_members;
+pub use sender::GrpcTransport;
+pub use service::{MembersFn, PeerService};
+pub use wire::MAX_MESSAGE;

@@ -1,0 +1,287 @@
+//! The sending side: the [`Transport`] that keeps one long-lived stream per peer and writes
+//! batches to it, reconnecting with backoff.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::pb::Batch;
+use super::probe::{probe, Prober};
+use super::snapshot::send_snapshot;
+use super::wire::{check_hello, connect, refused, request, Ident, OPEN_TIMEOUT, REMOVED};
+use crate::dial::Dialer;
+use crate::member::Members;
+use crate::transport::{Reporter, SnapshotDone, Transport};
+
+/// Messages queued for one peer before raft is told it is unreachable.
+pub(super) const QUEUE: usize = 4096;
+/// The most bytes of messages in one batch.
+pub(super) const BATCH_BYTES: usize = 4 << 20;
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub(super) struct PeerLink {
+    pub(super) urls: Vec<String>,
+    pub(super) tx: mpsc::Sender<Message>,
+    pub(super) task: JoinHandle<()>,
+}
+
+impl Drop for PeerLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Since when each peer's stream has been up (a peer leaves it when its stream breaks).
+pub(super) type Active = Arc<Mutex<HashMap<u64, std::time::Instant>>>;
+
+/// The sending side: implements [`Transport`] with one stream per peer.
+#[derive(Debug)]
+pub struct GrpcTransport {
+    pub(super) ident: Ident,
+    pub(super) dialer: Dialer,
+    pub(super) rt: Handle,
+    pub(super) reporter: Option<Reporter>,
+    pub(super) peers: HashMap<u64, PeerLink>,
+    pub(super) errors: Arc<Mutex<HashMap<u64, String>>>,
+    pub(super) active: Active,
+}
+
+impl GrpcTransport {
+    /// A transport for member `id` of `cluster_id`, dialing its peers with `dialer` and
+    /// running its tasks on `rt`.
+    pub fn new(cluster_id: u64, id: u64, dialer: Dialer, rt: Handle) -> Self {
+        GrpcTransport {
+            ident: Ident {
+                cluster: cluster_id,
+                me: id,
+            },
+            dialer,
+            rt,
+            reporter: None,
+            peers: HashMap::new(),
+            errors: Arc::new(Mutex::new(HashMap::new())),
+            active: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The last error seen with each peer that currently has one (cleared on success).
+    pub fn errors(&self) -> Arc<Mutex<HashMap<u64, String>>> {
+        self.errors.clone()
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn start(&mut self, reporter: Reporter) {
+        self.reporter = Some(reporter);
+    }
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            let to = m.to;
+            let Some(p) = self.peers.get(&to) else {
+                tracing::debug!(to, "message to an unknown peer dropped");
+                continue;
+            };
+            if p.tx.try_send(m).is_err() {
+                crate::metrics::PEER_SENT_FAILURES
+                    .with_label_values(&[&crate::metrics::peer(to)])
+                    .inc();
+                if let Some(r) = &self.reporter {
+                    r.unreachable(to);
+                }
+            }
+        }
+    }
+
+    fn send_snapshot(&mut self, msg: Message, data: PathBuf, done: SnapshotDone) {
+        let Some(p) = self.peers.get(&msg.to) else {
+            return done.finish(false);
+        };
+        let urls = p.urls.clone();
+        let ident = self.ident;
+        let dialer = self.dialer.clone();
+        let errors = self.errors.clone();
+        self.rt.spawn(async move {
+            let to = msg.to;
+            match send_snapshot(ident, &dialer, &urls, msg, data).await {
+                Ok(()) => done.finish(true),
+                Err(e) => {
+                    tracing::warn!(peer = %format!("{to:x}"), "snapshot not delivered: {e}");
+                    errors.lock().insert(to, e);
+                    done.finish(false);
+                }
+            }
+        });
+    }
+
+    fn active_since(&self, peer: u64) -> Option<std::time::Instant> {
+        self.active.lock().get(&peer).copied()
+    }
+
+    fn update_members(&mut self, members: &Members) {
+        self.peers
+            .retain(|id, p| members.get(*id).is_some_and(|m| m.peer_urls == p.urls));
+        let Some(reporter) = self.reporter.clone() else {
+            return;
+        };
+        for m in members.iter() {
+            if m.id == self.ident.me || self.peers.contains_key(&m.id) || m.peer_urls.is_empty() {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let task = self.rt.spawn(run_peer(
+                (self.ident, self.dialer.clone()),
+                m.id,
+                m.peer_urls.clone(),
+                rx,
+                reporter.clone(),
+                self.errors.clone(),
+                self.active.clone(),
+            ));
+            self.peers.insert(
+                m.id,
+                PeerLink {
+                    urls: m.peer_urls.clone(),
+                    tx,
+                    task,
+                },
+            );
+        }
+    }
+}
+
+/// One peer's sender: connect, stream batches, reconnect with backoff.
+pub(super) async fn run_peer(
+    (ident, dialer): (Ident, Dialer),
+    to: u64,
+    urls: Vec<String>,
+    mut rx: mpsc::Receiver<Message>,
+    reporter: Reporter,
+    errors: Arc<Mutex<HashMap<u64, String>>>,
+    active: Active,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut attempt = 0usize;
+    loop {
+        let url = &urls[attempt % urls.len()];
+        attempt += 1;
+        match stream_to(ident, &dialer, to, url, &mut rx, &errors, &active).await {
+            Ok(()) => return, // the node dropped this peer
+            Err(e) if e.contains(REMOVED) => {
+                tracing::warn!(peer = %format!("{to:x}"), "{e}");
+                reporter.removed_by(to);
+                return;
+            }
+            Err(e) => {
+                let first = errors.lock().insert(to, e.clone()).as_ref() != Some(&e);
+                if first {
+                    tracing::warn!(peer = %format!("{to:x}"), "{e}");
+                }
+                reporter.unreachable(to);
+            }
+        }
+        // What was queued while the link was down is stale; raft resends what matters.
+        while rx.try_recv().is_ok() {}
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+pub(super) async fn stream_to(
+    ident: Ident,
+    dialer: &Dialer,
+    to: u64,
+    url: &str,
+    rx: &mut mpsc::Receiver<Message>,
+    errors: &Mutex<HashMap<u64, String>>,
+    active: &Mutex<HashMap<u64, std::time::Instant>>,
+) -> Result<(), String> {
+    // A peer that accepts connections but never answers must not hold the link forever.
+    let open = async {
+        let mut client = connect(dialer, url).await?;
+        let (btx, brx) = mpsc::channel::<Batch>(16);
+        let req = request(ReceiverStream::new(brx), ident.cluster, ident.me, to);
+        let mut resp = client
+            .stream(req)
+            .await
+            .map_err(|s| refused(url, s))?
+            .into_inner();
+        match resp.message().await {
+            Ok(Some(h)) => check_hello(ident, to, url, &h)?,
+            Ok(None) => return Err(format!("{url} closed the stream")),
+            Err(s) => return Err(refused(url, s)),
+        }
+        Ok((btx, resp))
+    };
+    let (btx, mut resp) = tokio::time::timeout(OPEN_TIMEOUT, open)
+        .await
+        .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
+    errors.lock().remove(&to);
+    let since = std::time::Instant::now();
+    active.lock().insert(to, since);
+    let _up = Up { active, to, since };
+    let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
+    let _prober = Prober(tokio::spawn(probe(
+        ident,
+        dialer.clone(),
+        to,
+        url.to_string(),
+    )));
+    loop {
+        tokio::select! {
+            m = rx.recv() => {
+                let Some(m) = m else { return Ok(()) };
+                let mut batch = Batch {
+                    cluster_id: ident.cluster,
+                    from: ident.me,
+                    to,
+                    messages: Vec::new(),
+                };
+                let mut bytes = 0;
+                let mut next = Some(m);
+                while let Some(m) = next {
+                    let b = m.write_to_bytes().map_err(|e| format!("encode: {e}"))?;
+                    bytes += b.len();
+                    batch.messages.push(b);
+                    next = if bytes < BATCH_BYTES { rx.try_recv().ok() } else { None };
+                }
+                btx.send(batch).await.map_err(|_| format!("stream to {url} closed"))?;
+                sent.inc_by(bytes as u64);
+            }
+            r = resp.message() => {
+                return Err(match r {
+                    Ok(_) => format!("{url} ended the stream"),
+                    Err(s) => refused(url, s),
+                });
+            }
+        }
+    }
+}
+
+/// Marks a peer's stream down when it ends, however it ends (unless a newer stream to the
+/// same peer, after a change of its URLs, is up by then).
+pub(super) struct Up<'a> {
+    pub(super) active: &'a Mutex<HashMap<u64, std::time::Instant>>,
+    pub(super) to: u64,
+    pub(super) since: std::time::Instant,
+}
+
+impl Drop for Up<'_> {
+    fn drop(&mut self) {
+        let mut active = self.active.lock();
+        if active.get(&self.to) == Some(&self.since) {
+            active.remove(&self.to);
+        }
+    }
+}
