@@ -1,0 +1,478 @@
+//! The Ready loop's turns: commands, proposals, ticks and their deadlines, one Ready each, its
+//! messages sent and its committed entries handed to the apply thread.
+
+use std::mem;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use raft::eraftpb::{
+    ConfChange, ConfChangeSingle, ConfChangeV2, Entry, EntryType, Message, MessageType,
+};
+use raft::{SnapshotStatus, StateRole};
+
+use crate::apply::ApplyTask;
+use crate::node::{
+    context, deadline, parse_context, Cmd, Error, Result, Role, Shared, TAG_MEMBER_UPDATE,
+};
+use crate::transport::SnapshotDone;
+
+use super::open::{Driver, Pending};
+use super::reads::ReadWaiter;
+
+/// Commands taken per turn of the raft loop.
+const MAX_BATCH: usize = 4096;
+
+impl<O: Send + 'static> Driver<O> {
+    /// The raft thread: waits for commands or the next tick, and takes a turn for each wake-up,
+    /// until stopped or failed; then stops the apply thread, fails what waits and drops the
+    /// driver (its WAL, its transport), leaving `None`.
+    pub(crate) fn run(slot: &Mutex<Option<Self>>, rx: Receiver<Cmd>) {
+        let tick = slot.lock().as_ref().map(|d| d.cfg.heartbeat);
+        let Some(tick) = tick else { return };
+        let mut next_tick = Instant::now() + tick;
+        let result = loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let first = match rx.recv_timeout(wait) {
+                Ok(cmd) => Some(cmd),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break Ok(()),
+            };
+            let now = Instant::now();
+            let tick_due = now >= next_tick;
+            if tick_due {
+                next_tick = (next_tick + tick).max(now);
+            }
+            // Take what is queued, up to a bound (a flood must not hold off ticks and Readies):
+            // one Ready, one fsync, serves the whole batch.
+            let more = std::iter::from_fn(|| rx.try_recv().ok());
+            let mut cmds = first.into_iter().chain(more).take(MAX_BATCH);
+            let r = match slot.lock().as_mut() {
+                Some(d) => d.turn(&mut cmds, tick_due),
+                None => Ok(false),
+            };
+            match r {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        // From here a proposer that finds the loop busy cannot leave its proposal to the raft
+        // thread: it waits for the lock instead (see `QueuedTurn`), and finds the loop ended.
+        drop(rx);
+        let mut slot = slot.lock();
+        let Some(mut d) = slot.take() else { return };
+        if let Err(e) = &result {
+            tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
+        }
+        d.ended = true;
+        d.shared.publish_sole_leader(false, 0);
+        let _ = d.apply.send(ApplyTask::Stop);
+        if let Some(t) = d.apply_thread.take() {
+            let _ = t.join();
+        }
+        d.fail_everything();
+    }
+
+    /// A turn on a proposer's thread, for the proposals queued for one ([`Shared::queued`]);
+    /// with the loop ended (`None`, or failed), they are failed. A failure stops the node, as
+    /// on the raft thread.
+    pub(crate) fn take_queued(slot: &mut Option<Self>, shared: &Shared<O>) {
+        match slot {
+            Some(d) if !d.ended => {
+                if let Err(e) = d.turn(&mut std::iter::empty(), false) {
+                    tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
+                    // No more turns; the raft thread, woken, winds the node down.
+                    d.ended = true;
+                    let _ = shared.tx.send(Cmd::Stop);
+                }
+            }
+            _ => {
+                shared.queued.lock().clear();
+                shared.fail_all(|| Error::Stopped);
+            }
+        }
+    }
+
+    /// One turn: the commands, the proposals queued for a turn, a tick if one is due (only the
+    /// raft thread keeps time), then one Ready (one WAL write and fsync for all of it).
+    /// `Ok(false)`: stop.
+    pub(super) fn turn(&mut self, cmds: &mut dyn Iterator<Item = Cmd>, tick: bool) -> Result<bool> {
+        if self.ended {
+            return Ok(false);
+        }
+        for cmd in cmds {
+            if !self.handle(cmd)? {
+                return Ok(false);
+            }
+        }
+        self.propose_queued();
+        if tick {
+            self.raw.tick();
+            self.on_tick(Instant::now());
+        }
+        self.issue_reads();
+        self.on_ready()?;
+        self.answer_applied();
+        if !self.spooling {
+            if let Some(want) = self.raw.store().take_wanted() {
+                tracing::debug!(want, "a follower needs a snapshot; spooling one");
+                self.spooling = self.apply.send(ApplyTask::Spool).is_ok();
+            }
+        }
+        self.publish_status();
+        Ok(true)
+    }
+
+    pub(super) fn propose_queued(&mut self) {
+        let queued = mem::take(&mut *self.shared.queued.lock());
+        for (seq, data) in queued {
+            self.propose(seq, data);
+        }
+    }
+
+    pub(super) fn fail_everything(&mut self) {
+        self.shared.queued.lock().clear();
+        self.shared.fail_all(|| Error::Stopped);
+        let changes = self.changes.drain().map(|(_, r)| r);
+        for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
+            let _ = r.send(Err(Error::Stopped));
+        }
+        let reads = mem::take(&mut self.reads_pending)
+            .into_iter()
+            .chain(
+                self.reads_inflight
+                    .take()
+                    .into_iter()
+                    .flat_map(|r| r.waiters),
+            )
+            .chain(
+                mem::take(&mut self.reads_ready)
+                    .into_iter()
+                    .flat_map(|r| r.1),
+            );
+        for w in reads {
+            let _ = w.reply.send(Err(Error::Stopped));
+        }
+    }
+
+    pub(super) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    pub(super) fn handle(&mut self, cmd: Cmd) -> Result<bool> {
+        match cmd {
+            Cmd::Propose { seq, data } => self.propose(seq, data),
+            Cmd::Change { change, reply } => self.change(change, reply),
+            Cmd::ReadIndex(reply) => {
+                if self.removed {
+                    let _ = reply.send(Err(Error::Removed));
+                } else {
+                    self.reads_pending.push(ReadWaiter {
+                        reply,
+                        deadline: deadline(self.cfg.request_timeout),
+                    });
+                }
+            }
+            Cmd::Step(m) => self.step(m),
+            Cmd::TransferLeader(id) => self.raw.transfer_leader(id),
+            Cmd::Campaign => {
+                if let Err(e) = self.raw.campaign() {
+                    tracing::info!("campaign refused: {e}");
+                }
+            }
+            Cmd::Unreachable(id) => self.raw.report_unreachable(id),
+            Cmd::RemovedByPeer(by) => {
+                if !self.removed {
+                    tracing::warn!(member = %format!("{:x}", self.cfg.id), peer = %format!("{by:x}"), "a peer says this member was removed from the cluster");
+                    self.removed = true;
+                    self.shared.fail_all(|| Error::Removed);
+                    self.publish_status();
+                }
+            }
+            Cmd::SnapshotStatus(id, ok) => {
+                let status = if ok {
+                    SnapshotStatus::Finish
+                } else {
+                    SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(id, status);
+            }
+            Cmd::Applied(index) => self.on_applied(index),
+            Cmd::Durable(index) => self.record_snapshot(index)?,
+            Cmd::Spooled(index) => self.prepare_snapshot(index),
+            Cmd::Fatal(e) => return Err(e),
+            Cmd::Stop => return Ok(false),
+            // Proposals are queued for a turn: this one takes them.
+            Cmd::Kick => {}
+        }
+        Ok(true)
+    }
+
+    pub(super) fn leader(&self) -> Option<u64> {
+        let l = self.raw.raft.leader_id;
+        (l != 0).then_some(l)
+    }
+
+    pub(super) fn dropped(&self) -> Error {
+        if self.removed {
+            Error::Removed
+        } else {
+            match self.leader() {
+                None => Error::NoLeader,
+                // A leader transfer is under way.
+                Some(_) => Error::LeaderChanged,
+            }
+        }
+    }
+
+    pub(super) fn propose(&mut self, seq: u64, data: Vec<u8>) {
+        let ctx = context(crate::node::TAG_PROPOSAL, self.cfg.id, seq, None);
+        let r = if self.removed {
+            Err(Error::Removed)
+        } else {
+            self.raw.propose(ctx, data).map_err(|_| self.dropped())
+        };
+        match r {
+            Ok(()) => self
+                .deadlines
+                .push_back((deadline(self.cfg.request_timeout), Pending::Proposal(seq))),
+            Err(e) => {
+                if let Some(w) = self.shared.waiters.lock().remove(&seq) {
+                    let _ = w.send(Err(e));
+                }
+            }
+        }
+    }
+
+    pub(super) fn step(&mut self, m: Message) {
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            let index = m.get_snapshot().get_metadata().index;
+            if !self.shared.snapshotter.recv_path(index).exists() {
+                tracing::warn!(
+                    from = m.from,
+                    index,
+                    "snapshot message without its data; dropped"
+                );
+                return;
+            }
+        }
+        if let Err(e) = self.raw.step(m) {
+            tracing::debug!("message not taken: {e}");
+        }
+    }
+
+    pub(super) fn on_tick(&mut self, now: Instant) {
+        while let Some((d, _)) = self.deadlines.front() {
+            if *d > now {
+                break;
+            }
+            let Some((_, p)) = self.deadlines.pop_front() else {
+                break;
+            };
+            match p {
+                Pending::Proposal(seq) => {
+                    if let Some(w) = self.shared.waiters.lock().remove(&seq) {
+                        let _ = w.send(Err(Error::Timeout));
+                    }
+                }
+                Pending::Change(seq) => {
+                    if let Some(r) = self.changes.remove(&seq) {
+                        let _ = r.send(Err(Error::Timeout));
+                    }
+                }
+            }
+        }
+        let expire = |ws: &mut Vec<ReadWaiter>| {
+            let (gone, keep): (Vec<_>, Vec<_>) =
+                mem::take(ws).into_iter().partition(|w| w.deadline <= now);
+            *ws = keep;
+            for w in gone {
+                let _ = w.reply.send(Err(Error::Timeout));
+            }
+        };
+        expire(&mut self.reads_pending);
+        for (_, ws) in &mut self.reads_ready {
+            expire(ws);
+        }
+        self.reads_ready.retain(|(_, ws)| !ws.is_empty());
+        // raft-rs drops a read silently (no leader; a new leader that has not committed in its
+        // term): ask again after a few heartbeats.
+        let retry = self.cfg.heartbeat * 5;
+        if let Some(round) = &mut self.reads_inflight {
+            expire(&mut round.waiters);
+            if round.waiters.is_empty() || now.duration_since(round.issued) >= retry {
+                if let Some(r) = self.reads_inflight.take() {
+                    self.reads_pending.extend(r.waiters);
+                }
+            }
+        }
+        self.maybe_leave_joint(now);
+    }
+
+    pub(super) fn send(&mut self, msgs: Vec<Message>) {
+        if msgs.is_empty() {
+            return;
+        }
+        let mut plain = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            if m.get_msg_type() != MessageType::MsgSnapshot {
+                plain.push(m);
+                continue;
+            }
+            let index = m.get_snapshot().get_metadata().index;
+            let path = self.shared.snapshotter.spool_path(index);
+            let to = m.to;
+            if path.exists() {
+                let done = SnapshotDone::new(self.reporter.clone(), to);
+                self.transport.send_snapshot(m, path, done);
+            } else {
+                // Without this, raft-rs would be handed the same snapshot at every try.
+                tracing::warn!(to, index, "snapshot data is gone; will prepare another");
+                self.raw.mut_store().clear_prepared();
+                self.raw.report_snapshot(to, SnapshotStatus::Failure);
+            }
+        }
+        if !plain.is_empty() {
+            self.transport.send(plain);
+        }
+    }
+
+    pub(super) fn on_ready(&mut self) -> Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        // A leader sends its appends before its own fsync (raft thesis 10.2.1).
+        self.send(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            self.install_snapshot(rd.snapshot().clone())?;
+        }
+        let entries = rd.take_entries();
+        let mut hs = rd.hs().cloned();
+        // A sole voter's entries are committed once durable: the hard state written with them
+        // says so, sparing the write of the commit index that raft computes after this save.
+        // (A leader appends in its own term; committing its last entry commits all before.)
+        let r = &self.raw.raft;
+        if let (StateRole::Leader, true, Some(last)) =
+            (r.state, r.prs().is_singleton(), entries.last())
+        {
+            let mut h = hs.unwrap_or_else(|| self.raw.store().hard_state().clone());
+            h.commit = h.commit.max(last.index);
+            hs = Some(h);
+        }
+        self.wal.save(hs.as_ref(), &entries, rd.must_sync())?;
+        if let Some(hs) = hs {
+            self.raw.mut_store().set_hard_state(hs);
+        }
+        self.raw.mut_store().append(entries);
+        self.send(rd.take_persisted_messages());
+        self.handoff(rd.take_committed_entries())?;
+        self.on_read_states(rd.take_read_states());
+        let mut light = self.raw.advance_append(rd);
+        if let Some(commit) = light.commit_index() {
+            // The commit index reaches the WAL before the entries it covers are applied.
+            let saved = self.raw.store().hard_state().commit;
+            self.raw.mut_store().set_commit(commit);
+            if commit > saved {
+                let hs = self.raw.store().hard_state().clone();
+                self.wal.save(Some(&hs), &[], false)?;
+            }
+        }
+        self.send(light.take_messages());
+        self.handoff(light.take_committed_entries())?;
+        Ok(())
+    }
+
+    /// Committed entries go to the apply thread; membership changes take effect here first.
+    pub(super) fn handoff(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        for e in &entries {
+            let ctx = if e.context.is_empty() {
+                None
+            } else {
+                parse_context(&e.context)
+                    .map_err(|err| tracing::warn!(index = e.index, "entry with {err}"))
+                    .ok()
+            };
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {
+                    if let Some((TAG_MEMBER_UPDATE, origin, seq, Some(m))) = ctx {
+                        self.update_member(e.index, origin, seq, m);
+                    }
+                }
+                EntryType::EntryConfChange => match protobuf::Message::parse_from_bytes(&e.data) {
+                    Ok(cc) => {
+                        let cc: ConfChange = cc;
+                        let mut single = ConfChangeSingle::default();
+                        single.set_change_type(cc.get_change_type());
+                        single.node_id = cc.node_id;
+                        let mut v2 = ConfChangeV2::default();
+                        v2.mut_changes().push(single);
+                        self.apply_conf_change(e.index, v2, ctx);
+                    }
+                    Err(err) => tracing::error!(index = e.index, "bad conf change: {err}"),
+                },
+                EntryType::EntryConfChangeV2 => {
+                    match protobuf::Message::parse_from_bytes(&e.data) {
+                        Ok(cc) => self.apply_conf_change(e.index, cc, ctx),
+                        Err(err) => tracing::error!(index = e.index, "bad conf change: {err}"),
+                    }
+                }
+            }
+        }
+        self.apply.entries(entries)
+    }
+
+    pub(super) fn publish_status(&mut self) {
+        let r = &self.raw.raft;
+        let sole = r.state == StateRole::Leader
+            && r.prs().is_singleton()
+            && r.commit_to_current_term()
+            && !self.removed;
+        self.shared.publish_sole_leader(sole, r.raft_log.committed);
+        let role = match r.state {
+            StateRole::Follower => Role::Follower,
+            StateRole::PreCandidate => Role::PreCandidate,
+            StateRole::Candidate => Role::Candidate,
+            StateRole::Leader => Role::Leader,
+        };
+        if role == Role::Leader {
+            let mut led = self.shared.led.lock();
+            if led.last() != Some(&r.term) {
+                led.push(r.term);
+            }
+        }
+        let mut st = self.shared.status.lock();
+        let leader = (r.leader_id != 0).then_some(r.leader_id);
+        if leader.is_some() && leader != st.leader {
+            crate::metrics::LEADER_CHANGES.inc();
+        }
+        st.leader = leader;
+        st.term = r.term;
+        st.role = role;
+        st.commit = r.raft_log.committed;
+        st.applied = self.applied;
+        st.snapshot_index = self.snapshot_index;
+        st.removed = self.removed;
+        if role == Role::Leader {
+            let prs = r.prs();
+            st.peers.retain(|id, _| prs.get(*id).is_some());
+            for (&id, pr) in prs.iter() {
+                if id == r.id {
+                    continue;
+                }
+                let p = st.peers.entry(id).or_default();
+                p.matched = pr.matched;
+                p.active_since = self.transport.active_since(id);
+            }
+            st.last_index = r.raft_log.last_index();
+        } else if !st.peers.is_empty() {
+            st.peers.clear();
+        }
+    }
+}
