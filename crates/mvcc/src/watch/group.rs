@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::index::KeyRange;
 
-use super::Spec;
+use super::event::Spec;
 
 /// A set of watchers (by handle) indexed for lookup by key.
 #[derive(Debug, Default)]

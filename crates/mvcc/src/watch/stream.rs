@@ -14,7 +14,7 @@ use api::etcdserverpb::watch_create_request::FilterType;
 use api::etcdserverpb::WatchCreateRequest;
 use api::mvccpb::{event::EventType, Event};
 
-use super::{event_rev, Item, Spec};
+use super::event::{event_rev, Item, Spec};
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::store::{Inner, RangeOptions, Store};

@@ -1,0 +1,127 @@
+//! What watchers are sent: a watcher's request, the event batches of a revision shared by every
+//! watcher that wants them, and the items queued on a stream.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use api::mvccpb::{event::EventType, Event};
+
+use crate::index::KeyRange;
+
+/// What one watcher asked for; shared by the hub, its stream and the responses queued for it.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    /// The watch id on its stream.
+    pub(super) id: i64,
+    pub(super) key: Vec<u8>,
+    /// etcd's range_end conventions: empty = one key, `"\0"` = every key from `key` on.
+    pub(super) end: Vec<u8>,
+    pub(super) start_rev: i64,
+    pub(super) no_put: bool,
+    pub(super) no_delete: bool,
+    pub(super) prev_kv: bool,
+    /// Set when the watcher is cancelled: its queued responses are dropped.
+    pub(super) canceled: AtomicBool,
+}
+
+impl Spec {
+    pub(super) fn range(&self) -> KeyRange<'_> {
+        KeyRange::new(&self.key, &self.end)
+    }
+
+    /// Whether `ev` goes to this watcher (its range and filters).
+    pub(super) fn wants(&self, ev: &Event) -> bool {
+        let put = ev.r#type == EventType::Put as i32;
+        if (put && self.no_put) || (!put && self.no_delete) {
+            return false;
+        }
+        self.range().contains(event_key(ev))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(key: &[u8], end: &[u8]) -> Spec {
+        Spec {
+            id: 0,
+            key: key.to_vec(),
+            end: end.to_vec(),
+            start_rev: 0,
+            no_put: false,
+            no_delete: false,
+            prev_kv: false,
+            canceled: AtomicBool::new(false),
+        }
+    }
+}
+
+pub(super) fn event_key(ev: &Event) -> &[u8] {
+    ev.kv.as_ref().map_or(&[], |kv| &kv.key)
+}
+
+pub(super) fn event_rev(ev: &Event) -> i64 {
+    ev.kv.as_ref().map_or(0, |kv| kv.mod_revision)
+}
+
+/// Events of one or more consecutive revisions, shared by every watcher they go to.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub(super) events: Vec<Event>,
+    /// Bytes of keys and values, for the memory bounds.
+    pub(super) bytes: usize,
+}
+
+impl Batch {
+    pub(super) fn new(events: Vec<Event>) -> Arc<Batch> {
+        let bytes = events
+            .iter()
+            .filter_map(|e| e.kv.as_ref())
+            .map(|kv| kv.key.len() + kv.value.len())
+            .sum();
+        Arc::new(Batch { events, bytes })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Batches {
+    One(Arc<Batch>),
+    Many(Vec<Arc<Batch>>),
+}
+
+impl Batches {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Batch> {
+        let (one, many) = match self {
+            Batches::One(b) => (Some(&**b), &[][..]),
+            Batches::Many(v) => (None, &v[..]),
+        };
+        one.into_iter().chain(many.iter().map(|b| &**b))
+    }
+}
+
+/// A response waiting in a stream's queue; turned into a [`WatchResponse`] by the consumer.
+#[derive(Debug)]
+pub(crate) enum Item {
+    /// The events of `batches` at or after `from_rev` that the watcher wants.
+    Events {
+        spec: Arc<Spec>,
+        batches: Batches,
+        from_rev: i64,
+        revision: i64,
+    },
+    Progress {
+        watch_id: i64,
+        revision: i64,
+    },
+    /// The watcher fell behind the compaction revision and is gone.
+    Compacted {
+        spec: Arc<Spec>,
+        compact_revision: i64,
+    },
+}
+
+impl Item {
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Item::Events { batches, .. } => batches.iter().map(|b| b.bytes).sum(),
+            _ => 0,
+        }
+    }
+}
