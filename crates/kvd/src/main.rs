@@ -280,7 +280,7 @@ fn restore(f: &RestoreFlags) -> Result<()> {
 
 fn restore_into(file: &mut std::fs::File, db: &Path) -> Result<()> {
     let opts = mvcc::StoreOptions::default();
-    rpc::restore_file(file, db, &opts).map_err(|e| format!("restore: {e}"))?;
+    mvcc::dump::restore_file(file, db, &opts).map_err(|e| format!("restore: {e}"))?;
     let store = mvcc::Store::open(db, opts).map_err(|e| format!("restore: {e}"))?;
     {
         let mut w = store.write().map_err(|e| e.to_string())?;

@@ -21,6 +21,7 @@
 mod alarm;
 mod auth;
 mod downgrade;
+pub mod dump;
 mod error;
 mod hash;
 pub mod index;

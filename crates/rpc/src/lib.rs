@@ -26,7 +26,7 @@ mod watch;
 use std::sync::Arc;
 
 pub use apply::KvStateMachine;
-pub use backend::{check_snapshot_file, restore_file, Backend};
+pub use backend::{check_snapshot_file, Backend};
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction};
 pub use server::{background, published, Core, ServerConfig};

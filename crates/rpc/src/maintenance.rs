@@ -29,7 +29,7 @@ const SNAPSHOT_CHUNK: usize = 32 << 10;
 /// A dump as etcd's Snapshot stream carries it: padded to a multiple of 512 bytes, then the
 /// SHA-256 of all that.
 struct Trailed {
-    dump: crate::backend::Dump,
+    dump: mvcc::dump::Dump,
     sha: sha2::Sha256,
     sent: u64,
     /// The padding and digest, once the dump is exhausted.
@@ -37,7 +37,7 @@ struct Trailed {
 }
 
 impl Trailed {
-    fn new(dump: crate::backend::Dump) -> Self {
+    fn new(dump: mvcc::dump::Dump) -> Self {
         use sha2::Digest;
         Trailed {
             dump,
