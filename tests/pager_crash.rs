@@ -5,13 +5,13 @@
 //!
 //! The test binary is its own child: `pager_crash child DIR MODE [FAILPOINT]`.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pager::{Db, FreelistKind, Options};
 use rand::{Rng, SeedableRng};
+use test_support::CrashChild;
 
 const FILLERS: u64 = 50;
 const KEEP_MARKERS: u64 = 200;
@@ -170,45 +170,18 @@ struct Outcome {
 
 /// Runs a child until it dies or `kill_after` passes, then SIGKILLs it.
 fn run_child(dir: &Path, mode: &str, failpoint: Option<&str>, kill_after: Duration) -> Outcome {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(exe);
-    cmd.arg("child").arg(dir).arg(mode);
-    if let Some(fp) = failpoint {
-        cmd.arg(fp);
-    }
-    let mut c = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = c.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut last = None;
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(t) = line.strip_prefix("durable ") {
-                last = Some(t.parse::<u64>().unwrap());
-            }
+    let mut args = vec!["child", dir.to_str().unwrap(), mode];
+    args.extend(failpoint);
+    let o = CrashChild::spawn(&args, &[], None, |last, line| {
+        if let Some(t) = line.strip_prefix("durable ") {
+            *last = Some(t.parse::<u64>().unwrap());
         }
-        last
-    });
-    let deadline = Instant::now() + kill_after;
-    let status = loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            c.kill().unwrap(); // SIGKILL
-            break c.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut stderr).unwrap();
+    })
+    .kill_after(kill_after);
     Outcome {
-        acked: reader.join().unwrap(),
-        stderr,
-        status,
+        acked: o.seen,
+        stderr: o.stderr,
+        status: o.status,
     }
 }
 

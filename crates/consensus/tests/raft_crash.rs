@@ -11,14 +11,14 @@
 
 mod harness;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use consensus::Config;
 use harness::{fast, Cluster};
 use rand::{Rng, SeedableRng};
+use test_support::CrashChild;
 
 const KILLS: usize = 6;
 
@@ -95,53 +95,32 @@ fn run_child(
     lag: bool,
     kill_after: Option<Duration>,
 ) -> Vec<(Vec<u8>, u64)> {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.arg("child").arg(dir).arg(members.to_string());
-    cmd.arg(round.to_string());
-    cmd.arg(failpoint.unwrap_or("-"));
+    let (members, round) = (members.to_string(), round.to_string());
+    let mut args = vec!["child", dir.to_str().unwrap(), &members, &round];
+    args.push(failpoint.unwrap_or("-"));
     if lag {
-        cmd.arg("lag");
+        args.push("lag");
     }
-    let mut c = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = c.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut acked = Vec::new();
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let mut w = line.split(' ');
-            if let (Some("ack"), Some(d), Some(i)) = (w.next(), w.next(), w.next()) {
-                acked.push((d.as_bytes().to_vec(), i.parse().unwrap()));
-            }
+    let child = CrashChild::spawn(&args, &[], Vec::new(), |acked, line| {
+        let mut w = line.split(' ');
+        if let (Some("ack"), Some(d), Some(i)) = (w.next(), w.next(), w.next()) {
+            acked.push((d.as_bytes().to_vec(), i.parse().unwrap()));
         }
-        acked
-    });
-    let mut stderr = c.stderr.take().unwrap();
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-        s
     });
     match kill_after {
-        Some(d) => {
-            std::thread::sleep(d);
-            c.kill().unwrap(); // SIGKILL
-            c.wait().unwrap();
-        }
+        Some(d) => child.kill_after(d).seen,
         None => {
-            let status = c.wait().unwrap();
-            let err = err.join().unwrap();
+            let o = child.wait();
             let fp = failpoint.unwrap_or_default();
             assert!(
-                !status.success() && err.contains(&format!("FIRED {fp}")),
-                "{fp} did not fire: {status}: {err}"
+                !o.status.success() && o.stderr.contains(&format!("FIRED {fp}")),
+                "{fp} did not fire: {}: {}",
+                o.status,
+                o.stderr
             );
+            o.seen
         }
     }
-    reader.join().unwrap()
 }
 
 /// Restarts the whole cluster from `dir` and checks it against everything acknowledged.

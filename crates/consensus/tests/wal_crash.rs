@@ -6,14 +6,14 @@
 //!
 //! The test binary is its own child: `wal_crash child DIR [FAILPOINTS]`.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use consensus::wal::{Options, Wal};
 use raft::eraftpb::{Entry, HardState};
 use rand::{Rng, SeedableRng};
+use test_support::CrashChild;
 
 const KILLS: usize = 24;
 
@@ -85,46 +85,29 @@ fn verify(dir: &Path, acked: u64) -> (u64, bool) {
     (last, rec.repaired.is_some())
 }
 
+/// Runs a child until it is killed after `kill_after`, or (with failpoints armed) until it
+/// panics; returns what it acknowledged and whether it panicked.
 fn run_child(dir: &Path, failpoints: Option<&str>, kill_after: Option<Duration>) -> (u64, bool) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.arg("child")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(f) = failpoints {
-        cmd.env("FAILPOINTS", f);
-    }
-    let mut c = cmd.spawn().unwrap();
-    let stdout = c.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut acked = 0;
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(n) = line.strip_prefix("acked ") {
-                acked = n.parse().unwrap();
-            }
+    let dir = dir.to_str().unwrap();
+    let env: Vec<(&str, &str)> = failpoints.map(|f| ("FAILPOINTS", f)).into_iter().collect();
+    let child = CrashChild::spawn(&["child", dir], &env, 0u64, |acked, line| {
+        if let Some(n) = line.strip_prefix("acked ") {
+            *acked = n.parse().unwrap();
         }
-        acked
     });
-    let panicked = match kill_after {
-        Some(d) => {
-            std::thread::sleep(d);
-            c.kill().unwrap(); // SIGKILL
-            c.wait().unwrap();
-            false
-        }
+    match kill_after {
+        Some(d) => (child.kill_after(d).seen, false),
         None => {
-            let status = c.wait().unwrap();
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
+            let o = child.wait();
             assert!(
-                !status.success() && err.contains("panicked"),
-                "{status}: {err}"
+                !o.status.success() && o.stderr.contains("panicked"),
+                "{}: {}",
+                o.status,
+                o.stderr
             );
-            true
+            (o.seen, true)
         }
-    };
-    (reader.join().unwrap(), panicked)
+    }
 }
 
 fn main() {

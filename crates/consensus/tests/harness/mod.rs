@@ -658,10 +658,6 @@ impl Drop for Cluster {
     }
 }
 
-pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+// Not every test binary that includes the harness waits on something.
+#[allow(unused_imports)]
+pub use test_support::wait_for;

@@ -31,33 +31,9 @@ pub fn kvd_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kvd")
 }
 
-/// A free loopback port for a server the test starts later.
-///
-/// Taken below the kernel's ephemeral range (`ip_local_port_range`): a port the kernel handed
-/// out for `bind(0)` and released can be taken by any outgoing connection (a peer stream,
-/// etcdctl) as its source port before the server binds it — CI saw a member fail with
-/// "Address already in use" that way. Ports below the range are never picked for outgoing
-/// connections; each is checked free by binding it, and a per-process counter (seeded by the
-/// pid) keeps tests running in parallel from picking the same one.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32768)
-        .clamp(2048, 65535);
-    let (base, span) = (1024u32, low - 1024);
-    let seed = std::process::id().wrapping_mul(7919);
-    for _ in 0..span {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (base + seed.wrapping_add(n) % span) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port below {low}")
-}
+// Shared with every kvd test binary; not every one waits on something.
+#[allow(unused_imports)]
+pub use test_support::{free_port, wait_for};
 
 /// One member's addresses.
 #[derive(Debug, Clone)]
@@ -379,17 +355,10 @@ impl Proc {
     }
 
     /// Polls `f` until it holds; on timeout, fails with this process's log.
-    pub fn wait_for(&self, what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while !f() {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; {}'s log:\n{}",
-                self.addrs.name,
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn wait_for(&self, what: &str, secs: u64, f: impl FnMut() -> bool) {
+        test_support::wait_for_or(what, secs, f, || {
+            format!("{}'s log:\n{}", self.addrs.name, self.log_tail())
+        });
     }
 
     /// Waits until the member answers a linearizable read (it has a leader).
@@ -465,15 +434,6 @@ pub fn run(cmd: &mut Command, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Polls `f` until it holds.
-pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// gRPC clients of one member, from kvd's own generated code.
