@@ -65,14 +65,13 @@ impl Net {
         }
     }
 
-    /// Puts a URL where nothing listens before member `id`'s own.
+    /// Puts a URL where nothing listens before member `id`'s own: a free port below the
+    /// ephemeral range, which no outgoing connection of this or another test takes as its
+    /// source port (a port `bind(0)` handed out and released could be).
     fn dead_url_first(mut self, id: u64) -> Net {
-        let dead = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let dead = test_support::free_port();
         let m = self.members.iter_mut().find(|m| m.id == id).unwrap();
-        m.peer_urls.insert(0, format!("http://{dead}"));
+        m.peer_urls.insert(0, format!("http://127.0.0.1:{dead}"));
         self
     }
 

@@ -298,14 +298,6 @@ fn spawn_ctl(endpoint: &str, args: &[&str]) -> std::process::Child {
         .unwrap()
 }
 
-/// SIGTERM (etcdctl lock and elect let go of their hold on it) and what was printed.
-fn stop(mut c: std::process::Child) -> String {
-    let _ = Command::new("kill")
-        .args(["-TERM", &c.id().to_string()])
-        .status();
-    finish(&mut c)
-}
-
 /// Waits (bounded) for the process to end; its exit code, stdout and stderr.
 fn finish(c: &mut std::process::Child) -> String {
     use std::io::Read;
@@ -321,36 +313,100 @@ fn finish(c: &mut std::process::Child) -> String {
         std::thread::sleep(Duration::from_millis(20));
     };
     let (mut out, mut err) = (String::new(), String::new());
-    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    if let Some(mut o) = c.stdout.take() {
+        o.read_to_string(&mut out).unwrap();
+    }
     c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     format!("[exit {:?}]\n{out}{err}", status.code())
 }
 
-/// Two `etcdctl lock`s and two `etcdctl elect` candidates with an observer, taking turns.
+/// The keys under `prefix`: a lock's waiters and an election's candidates each hold one.
+fn keys_under(endpoint: &str, prefix: &str) -> usize {
+    common::ctl_ok(endpoint, &["get", "--prefix", "--keys-only", prefix])
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .count()
+}
+
+/// An etcdctl whose stdout is read while it runs.
+struct Live {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Live {
+    fn spawn(endpoint: &str, args: &[&str]) -> Live {
+        use std::io::BufRead;
+        let mut child = spawn_ctl(endpoint, args);
+        let stdout = child.stdout.take().unwrap();
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = out.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut o = sink.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        });
+        Live { child, out, reader }
+    }
+
+    /// Waits for a line starting with `start`.
+    fn wait_printed(&self, start: &str) {
+        common::wait_for(&format!("etcdctl to print {start}…"), 20, || {
+            self.out
+                .lock()
+                .unwrap()
+                .lines()
+                .any(|l| l.starts_with(start))
+        });
+    }
+
+    /// SIGTERM (etcdctl lock and elect let go of their hold on it) and what was printed.
+    fn stop(mut self) -> String {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let printed = finish(&mut self.child);
+        self.reader.join().unwrap();
+        // `finish` found stdout taken: what it printed is what the reader read.
+        let out = self.out.lock().unwrap().clone();
+        printed.replacen("]\n", &format!("]\n{out}"), 1)
+    }
+}
+
+/// Two `etcdctl lock`s and two `etcdctl elect` candidates with an observer, taking turns; each
+/// step waits for the one before to show (a lock's or a candidate's key, a line printed: a
+/// holder or leader prints its key once its call returned, and is stopped only then).
 fn lock_and_elect(endpoint: &str) -> String {
-    let pause = || std::thread::sleep(Duration::from_millis(1000));
     let mut t = String::new();
 
-    let holder = spawn_ctl(endpoint, &["lock", "lk"]);
-    pause();
+    let holder = Live::spawn(endpoint, &["lock", "lk"]);
+    holder.wait_printed("lk/");
     let mut second = spawn_ctl(endpoint, &["lock", "lk", "echo", "second holds it"]);
-    pause();
+    common::wait_for("the second lock's key", 20, || {
+        keys_under(endpoint, "lk/") == 2
+    });
     let waiting = second.try_wait().unwrap().is_none();
-    t += &format!("$ etcdctl lock lk\n{}\n", stop(holder));
+    t += &format!("$ etcdctl lock lk\n{}\n", holder.stop());
     t += &format!("second waited: {waiting}\n");
     t += &format!("$ etcdctl lock lk echo ..\n{}\n", finish(&mut second));
 
-    let observer = spawn_ctl(endpoint, &["elect", "-l", "el"]);
-    pause();
-    let first = spawn_ctl(endpoint, &["elect", "el", "p1"]);
-    pause();
-    let second = spawn_ctl(endpoint, &["elect", "el", "p2"]);
-    pause();
-    t += &format!("$ etcdctl elect el p1\n{}\n", stop(first));
-    pause();
-    t += &format!("$ etcdctl elect el p2\n{}\n", stop(second));
-    pause();
-    t += &format!("$ etcdctl elect -l el\n{}\n", stop(observer));
+    let first = Live::spawn(endpoint, &["elect", "el", "p1"]);
+    first.wait_printed("p1");
+    let observer = Live::spawn(endpoint, &["elect", "-l", "el"]);
+    observer.wait_printed("p1");
+    let second = Live::spawn(endpoint, &["elect", "el", "p2"]);
+    common::wait_for("the second candidate's key", 20, || {
+        keys_under(endpoint, "el/") == 2
+    });
+    t += &format!("$ etcdctl elect el p1\n{}\n", first.stop());
+    second.wait_printed("p2");
+    observer.wait_printed("p2");
+    t += &format!("$ etcdctl elect el p2\n{}\n", second.stop());
+    t += &format!("$ etcdctl elect -l el\n{}\n", observer.stop());
     normalize(&t, endpoint)
 }
 

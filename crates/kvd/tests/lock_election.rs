@@ -341,7 +341,21 @@ async fn scenario(url: &str) -> Vec<String> {
         format!("resign again: {}", c.resign(Some(a_key)).await),
     );
     note(&mut t, c.leader("el").await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The observer's last word is B leading; wait for it rather than for a while.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !seen
+        .lock()
+        .unwrap()
+        .last()
+        .is_some_and(|o| o.contains("=b mod"))
+    {
+        let so_far = seen.lock().unwrap().clone();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the observer never saw B lead: {so_far:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     observed.abort();
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 3, "the observer saw {seen:?}");
