@@ -101,8 +101,58 @@ pub enum Error {
     Raft(#[from] raft::Error),
     #[error("{0}")]
     Malformed(#[from] Malformed),
-    #[error("{0}")]
-    Config(String),
+    /// A file or directory of the member's could not be read or written.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// One of the node's threads could not be started.
+    #[error("cannot start the {thread} thread: {source}")]
+    Spawn {
+        thread: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The data directory holds another member's log.
+    #[error(
+        "{} belongs to member {found_member:x} of cluster {found_cluster:x}, not member \
+         {member:x} of cluster {cluster:x}",
+        dir.display()
+    )]
+    WrongMember {
+        dir: PathBuf,
+        found_member: u64,
+        found_cluster: u64,
+        member: u64,
+        cluster: u64,
+    },
+    /// The WAL's metadata is not a kvd member's.
+    #[error("{}: the WAL's metadata is not kvd's", dir.display())]
+    ForeignWal { dir: PathBuf },
+    /// A new cluster's members do not include this one.
+    #[error("member {0:x} is not in the initial cluster")]
+    NotInInitialCluster(u64),
+    /// Member id 0 means "none" to raft.
+    #[error("member id 0 is reserved")]
+    ReservedId,
+    /// The log starts after a snapshot the state machine never finished restoring, and it
+    /// cannot be restored now.
+    #[error(
+        "the state machine is at index {applied} but the log starts after a snapshot at \
+         {index} that cannot be restored ({source}); refusing to start"
+    )]
+    Unrestorable {
+        applied: u64,
+        index: u64,
+        #[source]
+        source: Box<Error>,
+    },
+    /// `receive_snapshot` was handed a message that is not a snapshot.
+    #[error("receive_snapshot: not a snapshot message")]
+    NotSnapshot,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -394,7 +444,7 @@ impl<O: Send + 'static> RaftNode<O> {
         S: StateMachine<Output = O>,
     {
         if cfg.id == 0 {
-            return Err(Error::Config("member id 0 is reserved".into()));
+            return Err(Error::ReservedId);
         }
         let snapshotter = Snapshotter::new(cfg.dir.join("snap"))?;
         let (tx, rx) = mpsc::channel();
@@ -426,7 +476,10 @@ impl<O: Send + 'static> RaftNode<O> {
         let thread = std::thread::Builder::new()
             .name(format!("raft-{:x}", shared.id))
             .spawn(move || Driver::run(&d, rx))
-            .map_err(|e| Error::Config(format!("cannot start the raft thread: {e}")))?;
+            .map_err(|source| Error::Spawn {
+                thread: "raft",
+                source,
+            })?;
         Ok(RaftNode {
             shared,
             driver,
@@ -660,9 +713,7 @@ impl Inbox {
     /// (durably) before raft sees the message. Runs on the caller's thread.
     pub fn receive_snapshot(&self, msg: Message, data: &mut dyn Read) -> Result<()> {
         if msg.get_msg_type() != MessageType::MsgSnapshot {
-            return Err(Error::Config(
-                "receive_snapshot: not a snapshot message".into(),
-            ));
+            return Err(Error::NotSnapshot);
         }
         Members::decode(&msg.get_snapshot().data)?;
         let index = msg.get_snapshot().get_metadata().index;

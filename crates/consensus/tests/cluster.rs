@@ -326,6 +326,17 @@ fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
     let t = NullTransport;
     let err = consensus::RaftNode::start(cfg, Start::Join(Vec::new()), sm, t).unwrap_err();
     assert!(err.to_string().contains("belongs to member 1"), "{err}");
+    assert!(
+        matches!(
+            err,
+            consensus::Error::WrongMember {
+                found_member: 1,
+                member: 7,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[derive(Debug)]

@@ -78,7 +78,21 @@ pub(crate) fn consensus(e: &consensus::Error) -> Status {
         }
         E::MemberExists | E::NotLearner => Code::FailedPrecondition,
         E::MemberNotFound => Code::NotFound,
-        _ => Code::Internal,
+        // A member that fails these does not serve: they reach a client only as a broken
+        // server's answer.
+        E::Wal(_)
+        | E::Snap(_)
+        | E::StateMachine(_)
+        | E::Raft(_)
+        | E::Malformed(_)
+        | E::Io { .. }
+        | E::Spawn { .. }
+        | E::WrongMember { .. }
+        | E::ForeignWal { .. }
+        | E::NotInInitialCluster(_)
+        | E::ReservedId
+        | E::Unrestorable { .. }
+        | E::NotSnapshot => Code::Internal,
     };
     Status::new(code, e.to_string())
 }

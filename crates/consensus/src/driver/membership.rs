@@ -25,9 +25,7 @@ impl<O: Send + 'static> Driver<O> {
             Change::AddMember(m) | Change::AddLearner(m) if members.get(m.id).is_some() => {
                 Err(Error::MemberExists)
             }
-            Change::AddMember(m) | Change::AddLearner(m) if m.id == 0 => {
-                Err(Error::Config("member id 0 is reserved".into()))
-            }
+            Change::AddMember(m) | Change::AddLearner(m) if m.id == 0 => Err(Error::ReservedId),
             Change::Promote(id) => match members.get(*id) {
                 None => Err(Error::MemberNotFound),
                 Some(m) if !m.is_learner => Err(Error::NotLearner),

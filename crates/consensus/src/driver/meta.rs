@@ -31,10 +31,7 @@ pub fn existing_member(dir: &std::path::Path) -> Result<Option<(u64, u64)>> {
     }
     match decode_meta(&Wal::read_metadata(&wal_dir)?) {
         Some(ids) => Ok(Some(ids)),
-        None => Err(Error::Config(format!(
-            "{}: the WAL's metadata is not kvd's",
-            wal_dir.display()
-        ))),
+        None => Err(Error::ForeignWal { dir: wal_dir }),
     }
 }
 
@@ -51,16 +48,17 @@ pub(super) fn decode_meta(b: &[u8]) -> Option<(u64, u64)> {
 pub(super) fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) -> Result<()> {
     let tmp = cfg.dir.join("wal.tmp");
     if tmp.exists() {
-        fs::remove_dir_all(&tmp).map_err(|e| Error::Config(format!("{}: {e}", tmp.display())))?;
+        fs::remove_dir_all(&tmp).map_err(|source| Error::Io {
+            op: "remove",
+            path: tmp.clone(),
+            source,
+        })?;
     }
     let mut wal = Wal::create(&tmp, &encode_meta(cfg.cluster_id, cfg.id), cfg.wal)?;
     match start {
         Start::NewCluster(members) => {
             if !members.iter().any(|m| m.id == cfg.id) {
-                return Err(Error::Config(format!(
-                    "member {:x} is not in the initial cluster",
-                    cfg.id
-                )));
+                return Err(Error::NotInInitialCluster(cfg.id));
             }
             let members = Members::new(members.iter().cloned());
             let mut cs = ConfState::default();
@@ -92,10 +90,18 @@ pub(super) fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) 
     }
     drop(wal);
     let dst = cfg.dir.join("wal");
-    fs::rename(&tmp, &dst).map_err(|e| Error::Config(format!("{}: {e}", dst.display())))?;
+    fs::rename(&tmp, &dst).map_err(|source| Error::Io {
+        op: "rename a new log to",
+        path: dst.clone(),
+        source,
+    })?;
     fs::File::open(&cfg.dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| Error::Config(format!("{}: {e}", cfg.dir.display())))?;
+        .map_err(|source| Error::Io {
+            op: "sync",
+            path: cfg.dir.clone(),
+            source,
+        })?;
     Ok(())
 }
 

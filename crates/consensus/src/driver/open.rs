@@ -74,14 +74,15 @@ impl<O: Send + 'static> Driver<O> {
         match decode_meta(&rec.metadata) {
             Some((c, m)) if c == cfg.cluster_id && m == cfg.id => {}
             Some((c, m)) => {
-                return Err(Error::Config(format!(
-                    "{} belongs to member {m:x} of cluster {c:x}, not member {:x} of cluster {:x}",
-                    cfg.dir.display(),
-                    cfg.id,
-                    cfg.cluster_id
-                )))
+                return Err(Error::WrongMember {
+                    dir: cfg.dir.clone(),
+                    found_member: m,
+                    found_cluster: c,
+                    member: cfg.id,
+                    cluster: cfg.cluster_id,
+                })
             }
-            None => return Err(Error::Config("the WAL's metadata is not kvd's".into())),
+            None => return Err(Error::ForeignWal { dir: wal_dir }),
         }
         let meta = if rec.snapshot.index > 0 {
             snapshotter.load(rec.snapshot.index)?
@@ -93,11 +94,11 @@ impl<O: Send + 'static> Driver<O> {
             // restoring it: restore it again.
             let at = sm.applied();
             restore_received(&mut sm, &snapshotter, meta.index, meta.term).map_err(|e| {
-                Error::Config(format!(
-                    "the state machine is at index {at} but the log starts after a snapshot at {} \
-                     that cannot be restored ({e}); refusing to start",
-                    meta.index
-                ))
+                Error::Unrestorable {
+                    applied: at,
+                    index: meta.index,
+                    source: Box::new(e),
+                }
             })?;
         }
         let mut hs = rec.hard_state.clone();
@@ -132,8 +133,12 @@ impl<O: Send + 'static> Driver<O> {
         raft_cfg.validate()?;
         let raw = RawNode::new(&raft_cfg, store, &crate::logger::raft_logger(cfg.id))?;
         let (apply_thread, apply) =
-            Applier::spawn(sm, shared.clone(), cfg.snapshot_count, meta.index)
-                .map_err(|e| Error::Config(format!("cannot start the apply thread: {e}")))?;
+            Applier::spawn(sm, shared.clone(), cfg.snapshot_count, meta.index).map_err(
+                |source| Error::Spawn {
+                    thread: "apply",
+                    source,
+                },
+            )?;
         let reporter = Reporter {
             tx: shared.tx.clone(),
         };
