@@ -20,6 +20,18 @@ fn http(
     body: &str,
     stream_for: Option<Duration>,
 ) -> (u16, String) {
+    http_watching(url, method, path, body, stream_for, |_| {})
+}
+
+/// As [`http`], showing `seen` all that a streamed answer has brought so far at each read.
+fn http_watching(
+    url: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    stream_for: Option<Duration>,
+    mut seen: impl FnMut(&[u8]),
+) -> (u16, String) {
     let addr = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
@@ -41,7 +53,10 @@ fn http(
             while Instant::now() < deadline {
                 match s.read(&mut buf) {
                     Ok(0) => break,
-                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    Ok(n) => {
+                        raw.extend_from_slice(&buf[..n]);
+                        seen(&raw);
+                    }
                     Err(_) => {}
                 }
             }
@@ -221,20 +236,32 @@ fn run(url: &str) -> Vec<String> {
     out.push(format!("GET /v3/kv/range\n{code} {}", normalized(&resp)));
 
     // Streams: two watchers on one stream, then a put; keep-alives for a live and a gone lease.
+    let (up, both_created) = std::sync::mpsc::channel();
     let watch = std::thread::spawn({
         let url = url.to_string();
         move || {
             let body = r#"{"create_request":{"key":"d2F0Y2hlZA==","prev_kv":true}} {"create_request":{"key":"Zm9v","start_revision":1}}"#;
-            http(
+            http_watching(
                 &url,
                 "POST",
                 "/v3/watch",
                 body,
                 Some(Duration::from_millis(2000)),
+                |raw| {
+                    let raw = String::from_utf8_lossy(raw);
+                    let created = raw.matches(r#""created":true"#).count();
+                    if created == 2 && raw.contains(r#""canceled":true"#) {
+                        let _ = up.send(());
+                    }
+                },
             )
         }
     });
-    std::thread::sleep(Duration::from_millis(700));
+    // Both watchers are created, and the one below the compaction canceled, before the puts
+    // the other must see.
+    both_created
+        .recv_timeout(Duration::from_secs(10))
+        .expect("both watchers created, one canceled");
     http(
         url,
         "POST",
