@@ -162,27 +162,19 @@ fn arm(name: &str, _: u64) {
     panic!("failpoint {name} asked for, but the test was built without --features failpoints");
 }
 
-struct Outcome {
-    acked: Option<u64>,
-    stderr: String,
-    status: std::process::ExitStatus,
-}
+/// What a child ended with: `seen` is the last commit it acknowledged as durable.
+type Outcome = test_support::Outcome<Option<u64>>;
 
 /// Runs a child until it dies or `kill_after` passes, then SIGKILLs it.
 fn run_child(dir: &Path, mode: &str, failpoint: Option<&str>, kill_after: Duration) -> Outcome {
     let mut args = vec!["child", dir.to_str().unwrap(), mode];
     args.extend(failpoint);
-    let o = CrashChild::spawn(&args, &[], None, |last, line| {
+    CrashChild::spawn(&args, &[], None, |last, line| {
         if let Some(t) = line.strip_prefix("durable ") {
             *last = Some(t.parse::<u64>().unwrap());
         }
     })
-    .kill_after(kill_after);
-    Outcome {
-        acked: o.seen,
-        stderr: o.stderr,
-        status: o.status,
-    }
+    .kill_after(kill_after)
 }
 
 fn check_after(dir: &Path, what: &str, o: &Outcome, floor: &mut Option<u64>) {
@@ -193,7 +185,7 @@ fn check_after(dir: &Path, what: &str, o: &Outcome, floor: &mut Option<u64>) {
         )
     });
     // Every acknowledged durable commit survives; nothing goes backwards past one.
-    let need = o.acked.max(*floor);
+    let need = o.seen.max(*floor);
     assert!(
         found >= need,
         "{what}: reopened at commit {found:?}, but commit {need:?} was acknowledged as durable"

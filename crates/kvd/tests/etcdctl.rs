@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{ctl, ctl_input, ctl_ok, normalize, tools, Addrs, Proc};
+use common::{ctl, ctl_input, ctl_ok, normalize, Addrs, LiveCtl, Proc};
 
 /// One step of the script: etcdctl arguments and stdin. `{lease}` is replaced by the id of the
 /// lease granted earlier on that server.
@@ -97,23 +97,12 @@ fn run_script(endpoint: &str) -> Run {
 
 /// `etcdctl watch` from revision 1, which the script has compacted away: what it prints.
 fn watch_history(endpoint: &str) -> String {
-    let mut c = Command::new(tools().join("etcdctl"))
-        .args([
-            "--endpoints",
-            endpoint,
-            "watch",
-            "--rev",
-            "1",
-            "--prefix",
-            "",
-            "--prev-kv",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let w = LiveCtl::start(
+        endpoint,
+        &["watch", "--rev", "1", "--prefix", "", "--prev-kv"],
+    );
     // Below the compaction the server cancels the watch and etcdctl ends by itself.
-    finish(&mut c)
+    w.finish()
 }
 
 #[test]
@@ -203,7 +192,7 @@ fn watch_sees_new_events_with_prev_kv_from_a_revision() {
     ctl_ok(&ep, &["put", "w", "1"]);
     // From revision 2 the watch replays what came before it started: no need to wait for it
     // to start before writing, only for what it prints.
-    let w = Live::spawn(&ep, &["watch", "w", "--rev", "2", "--prev-kv"]);
+    let w = LiveCtl::start(&ep, &["watch", "w", "--rev", "2", "--prev-kv"]);
     ctl_ok(&ep, &["put", "w", "2"]);
     ctl_ok(&ep, &["del", "w"]);
     let want = "PUT\nw\n1\nPUT\nw\n1\nw\n2\nDELETE\nw\n2\nw\n\n";
@@ -279,40 +268,6 @@ fn snapshot_save_and_kvd_snapshot_restore_rebuild_the_keys_and_their_history() {
     assert_eq!(at("53"), "s001\nv51\n");
 }
 
-/// etcdctl with its output piped, left running.
-fn spawn_ctl(endpoint: &str, args: &[&str]) -> std::process::Child {
-    Command::new(tools().join("etcdctl"))
-        .args(["--endpoints", endpoint])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits (bounded) for the process to end; its exit code, stdout and stderr.
-fn finish(c: &mut std::process::Child) -> String {
-    use std::io::Read;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = c.kill();
-            break c.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (mut out, mut err) = (String::new(), String::new());
-    if let Some(mut o) = c.stdout.take() {
-        o.read_to_string(&mut out).unwrap();
-    }
-    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    format!("[exit {:?}]\n{out}{err}", status.code())
-}
-
 /// The keys under `prefix`: a lock's waiters and an election's candidates each hold one.
 fn keys_under(endpoint: &str, prefix: &str) -> usize {
     common::ctl_ok(endpoint, &["get", "--prefix", "--keys-only", prefix])
@@ -321,82 +276,28 @@ fn keys_under(endpoint: &str, prefix: &str) -> usize {
         .count()
 }
 
-/// An etcdctl whose stdout is read while it runs.
-struct Live {
-    child: std::process::Child,
-    out: std::sync::Arc<std::sync::Mutex<String>>,
-    reader: std::thread::JoinHandle<()>,
-}
-
-impl Live {
-    fn spawn(endpoint: &str, args: &[&str]) -> Live {
-        use std::io::BufRead;
-        let mut child = spawn_ctl(endpoint, args);
-        let stdout = child.stdout.take().unwrap();
-        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let sink = out.clone();
-        let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let mut o = sink.lock().unwrap();
-                o.push_str(&line);
-                o.push('\n');
-            }
-        });
-        Live { child, out, reader }
-    }
-
-    /// What it printed so far.
-    fn printed(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-
-    /// Waits for a line starting with `start`.
-    fn wait_printed(&self, start: &str) {
-        common::wait_for(&format!("etcdctl to print {start}…"), 20, || {
-            self.out
-                .lock()
-                .unwrap()
-                .lines()
-                .any(|l| l.starts_with(start))
-        });
-    }
-
-    /// SIGTERM (etcdctl lock and elect let go of their hold on it) and what was printed.
-    fn stop(mut self) -> String {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let printed = finish(&mut self.child);
-        self.reader.join().unwrap();
-        // `finish` found stdout taken: what it printed is what the reader read.
-        let out = self.out.lock().unwrap().clone();
-        printed.replacen("]\n", &format!("]\n{out}"), 1)
-    }
-}
-
 /// Two `etcdctl lock`s and two `etcdctl elect` candidates with an observer, taking turns; each
 /// step waits for the one before to show (a lock's or a candidate's key, a line printed: a
 /// holder or leader prints its key once its call returned, and is stopped only then).
 fn lock_and_elect(endpoint: &str) -> String {
     let mut t = String::new();
 
-    let holder = Live::spawn(endpoint, &["lock", "lk"]);
+    let holder = LiveCtl::start(endpoint, &["lock", "lk"]);
     holder.wait_printed("lk/");
-    let mut second = spawn_ctl(endpoint, &["lock", "lk", "echo", "second holds it"]);
+    let mut second = LiveCtl::start(endpoint, &["lock", "lk", "echo", "second holds it"]);
     common::wait_for("the second lock's key", 20, || {
         keys_under(endpoint, "lk/") == 2
     });
-    let waiting = second.try_wait().unwrap().is_none();
+    let waiting = second.running();
     t += &format!("$ etcdctl lock lk\n{}\n", holder.stop());
     t += &format!("second waited: {waiting}\n");
-    t += &format!("$ etcdctl lock lk echo ..\n{}\n", finish(&mut second));
+    t += &format!("$ etcdctl lock lk echo ..\n{}\n", second.finish());
 
-    let first = Live::spawn(endpoint, &["elect", "el", "p1"]);
+    let first = LiveCtl::start(endpoint, &["elect", "el", "p1"]);
     first.wait_printed("p1");
-    let observer = Live::spawn(endpoint, &["elect", "-l", "el"]);
+    let observer = LiveCtl::start(endpoint, &["elect", "-l", "el"]);
     observer.wait_printed("p1");
-    let second = Live::spawn(endpoint, &["elect", "el", "p2"]);
+    let second = LiveCtl::start(endpoint, &["elect", "el", "p2"]);
     common::wait_for("the second candidate's key", 20, || {
         keys_under(endpoint, "el/") == 2
     });

@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ctl, ctl_input, ctl_ok, normalize, Proc};
+use common::{ctl, ctl_input, ctl_ok, normalize, LiveCtl, Proc};
 
 const PREFIX: &str = "--experimental-leasing-prefix=_lease/";
 
@@ -172,52 +171,6 @@ fn etcdctl_through_a_leasing_proxy_answers_as_the_cluster_does() {
     assert!(proxy.metric("etcd_grpc_proxy_cache_hits_total") >= 3);
 }
 
-/// A line-by-line reader of a spawned etcdctl.
-struct Spawned {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Spawned {
-    fn start(endpoint: &str, args: &[&str]) -> Spawned {
-        let mut child = Command::new(common::tools().join("etcdctl"))
-            .args(["--endpoints", endpoint])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
-        Spawned { child, lines }
-    }
-
-    /// The next `n` lines, within 10 s.
-    fn next(&self, n: usize) -> Vec<String> {
-        (0..n)
-            .map(|_| {
-                self.lines
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("a line from etcdctl")
-            })
-            .collect()
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn watches_locks_and_elections_through_the_proxy() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,8 +179,8 @@ fn watches_locks_and_elections_through_the_proxy() {
     let p = proxy.addrs.endpoint();
     proxy.wait_for("the proxy to answer", 20, || via(&proxy, &["get", "x"]).0);
     // Two clients watching one key share one upstream watcher.
-    let w1 = Spawned::start(&p, &["watch", "w", "--prev-kv"]);
-    let w2 = Spawned::start(&p, &["watch", "w"]);
+    let w1 = LiveCtl::start(&p, &["watch", "w", "--prev-kv"]);
+    let w2 = LiveCtl::start(&p, &["watch", "w"]);
     proxy.wait_for("two client watchers", 10, || {
         proxy.metric("kvd_grpc_proxy_watchers") == 2
     });
@@ -251,25 +204,22 @@ fn watches_locks_and_elections_through_the_proxy() {
     let rev =
         common::json_number(&ctl_ok(&p, &["put", "h", "1", "-w", "json"]), "revision").unwrap();
     ctl_ok(&p, &["put", "h", "2"]);
-    let w3 = Spawned::start(&p, &["watch", "h", &format!("--rev={rev}")]);
+    let w3 = LiveCtl::start(&p, &["watch", "h", &format!("--rev={rev}")]);
     assert_eq!(w3.next(6), ["PUT", "h", "1", "PUT", "h", "2"]);
     ctl_ok(&p, &["put", "h", "3"]);
     assert_eq!(w3.next(3), ["PUT", "h", "3"]);
     // A lock: the second locker waits for the first.
-    let first = Spawned::start(&p, &["lock", "--ttl=2", "mylock"]);
+    let first = LiveCtl::start(&p, &["lock", "--ttl=2", "mylock"]);
     let key = first.next(1);
     assert!(key[0].starts_with("mylock/"), "{key:?}");
-    let second = Spawned::start(&p, &["lock", "--ttl=2", "mylock", "echo", "second"]);
-    assert!(second
-        .lines
-        .recv_timeout(Duration::from_millis(800))
-        .is_err());
+    let second = LiveCtl::start(&p, &["lock", "--ttl=2", "mylock", "echo", "second"]);
+    assert!(second.quiet_for(Duration::from_millis(800)));
     drop(first);
     assert_eq!(second.next(1), ["second"]);
     // An election: an observer through the proxy sees the leader's proclamation.
-    let leader = Spawned::start(&p, &["elect", "myelection", "p1"]);
+    let leader = LiveCtl::start(&p, &["elect", "myelection", "p1"]);
     assert!(leader.next(1)[0].starts_with("myelection/"));
-    let listener = Spawned::start(&p, &["elect", "-l", "myelection"]);
+    let listener = LiveCtl::start(&p, &["elect", "-l", "myelection"]);
     let l = listener.next(2);
     assert_eq!(l[1], "p1", "{l:?}");
     // MemberList names the proxy, as etcd's proxy does.
@@ -461,14 +411,14 @@ fn a_kvd_proxy_and_an_etcd_leasing_proxy_share_a_prefix() {
     // proxy applies such a write twice): one PUT event.
     // From the next revision on: the watch sees the put whenever it starts.
     let next = common::status_number(&m.endpoint(), "revision") + 1;
-    let w = Spawned::start(
+    let w = LiveCtl::start(
         &m.endpoint(),
         &["watch", "once", "--rev", &next.to_string()],
     );
     assert!(via(&k, &["put", "once", "v"]).0);
     assert!(via(&k, &["put", "once2", "v"]).0);
     assert_eq!(w.next(3), ["PUT", "once", "v"]);
-    assert!(w.lines.recv_timeout(Duration::from_millis(500)).is_err());
+    assert!(w.quiet_for(Duration::from_millis(500)));
     // A delete of a present key answers 1 deleted (etcd's proxy: 0).
     let (ok, out) = via(&k, &["del", "once"]);
     assert!(ok && out.trim() == "1", "{out}");

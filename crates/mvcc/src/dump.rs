@@ -26,10 +26,6 @@ fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-fn storage(e: pager::Error) -> io::Error {
-    io::Error::other(e)
-}
-
 impl Store {
     /// A dump of the store as it is now (flushed first, so it covers every applied write).
     pub fn dump(&self) -> io::Result<Dump> {
@@ -62,8 +58,8 @@ fn put_str(buf: &mut Vec<u8>, s: &[u8]) {
 
 impl Dump {
     fn new(db: &pager::Db) -> io::Result<Dump> {
-        let txn = db.begin_read().map_err(storage)?;
-        let buckets = txn.buckets().map_err(storage)?;
+        let txn = db.begin_read().map_err(io::Error::other)?;
+        let buckets = txn.buckets().map_err(io::Error::other)?;
         let size_hint = db.file_size();
         let mut buf = Vec::with_capacity(CHUNK + 4096);
         buf.extend_from_slice(MAGIC);
@@ -98,7 +94,7 @@ impl Dump {
                 put_str(&mut self.buf, name);
                 self.opened = true;
             }
-            let bucket = self.txn.bucket(name).map_err(storage)?;
+            let bucket = self.txn.bucket(name).map_err(io::Error::other)?;
             let start = match &self.last {
                 Some(k) => Bound::Excluded(k.as_slice()),
                 None => Bound::Unbounded,
@@ -106,7 +102,7 @@ impl Dump {
             let mut last = None;
             let mut finished = true;
             for e in bucket.range((start, Bound::Unbounded)) {
-                let (k, v) = e.map_err(storage)?;
+                let (k, v) = e.map_err(io::Error::other)?;
                 self.buf.push(ENTRY);
                 put_str(&mut self.buf, k);
                 put_str(&mut self.buf, v);
@@ -200,7 +196,7 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
             ..Default::default()
         },
     )
-    .map_err(storage)?;
+    .map_err(io::Error::other)?;
     let max_key = db.max_key_len();
     let max_value = 64 << 20;
     let mut f = Frames { r: data, crc: 0 };
@@ -209,7 +205,7 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
             "not a kvd snapshot (it does not start with KVDSNAP1)",
         ));
     }
-    let mut tx = db.begin_write().map_err(storage)?;
+    let mut tx = db.begin_write().map_err(io::Error::other)?;
     let mut bucket: Option<Vec<u8>> = None;
     let mut batch = 0;
     loop {
@@ -218,7 +214,8 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
         match tag {
             BUCKET => {
                 let name = f.string(max_key)?;
-                tx.create_bucket_if_missing(&name).map_err(storage)?;
+                tx.create_bucket_if_missing(&name)
+                    .map_err(io::Error::other)?;
                 bucket = Some(name);
             }
             ENTRY => {
@@ -231,11 +228,11 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
                 let v = f.string(max_value)?;
                 tx.bucket(name)
                     .and_then(|mut b| b.put(&k, &v))
-                    .map_err(storage)?;
+                    .map_err(io::Error::other)?;
                 batch += 1;
                 if batch == RESTORE_BATCH {
-                    tx.commit_nosync().map_err(storage)?;
-                    tx = db.begin_write().map_err(storage)?;
+                    tx.commit_nosync().map_err(io::Error::other)?;
+                    tx = db.begin_write().map_err(io::Error::other)?;
                     batch = 0;
                 }
             }
@@ -255,8 +252,8 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
             }
         }
     }
-    tx.commit().map_err(storage)?;
-    db.close().map_err(storage)?;
+    tx.commit().map_err(io::Error::other)?;
+    db.close().map_err(io::Error::other)?;
     Ok(())
 }
 

@@ -14,10 +14,6 @@ fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-fn storage(e: mvcc::Error) -> io::Error {
-    io::Error::other(e)
-}
-
 /// The store of this member; a restore replaces it.
 #[derive(Debug)]
 pub struct Backend {
@@ -75,12 +71,12 @@ impl Backend {
         // the generation) but is never written again: this thread is the only writer.
         std::fs::rename(&tmp, &self.path)?;
         sync_dir(&self.path)?;
-        let store = Store::open(&self.path, self.opts.clone()).map_err(storage)?;
+        let store = Store::open(&self.path, self.opts.clone()).map_err(io::Error::other)?;
         {
-            let mut w = store.write().map_err(storage)?;
+            let mut w = store.write().map_err(io::Error::other)?;
             w.set_applied(applied);
         }
-        store.sync().map_err(storage)?;
+        store.sync().map_err(io::Error::other)?;
         *slot = Arc::new(store);
         drop(slot);
         self.generation.send_modify(|g| *g += 1);

@@ -414,6 +414,137 @@ pub fn ctl_input(endpoints: &str, args: &[&str], input: &str) -> Output {
     c.wait_with_output().unwrap()
 }
 
+/// etcdctl started and left running (a watch, a lock, an election): its stdout read line by
+/// line as it prints, its stderr drained; killed when dropped.
+pub struct LiveCtl {
+    child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Lines [`LiveCtl::next`] has handed out.
+    taken: std::cell::Cell<usize>,
+    stdout: Option<std::thread::JoinHandle<()>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl LiveCtl {
+    pub fn start(endpoint: &str, args: &[&str]) -> LiveCtl {
+        use std::io::{BufRead, Read};
+        let mut child = Command::new(tools().join("etcdctl"))
+            .args(["--endpoints", endpoint])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stdout = std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        LiveCtl {
+            child,
+            lines,
+            taken: std::cell::Cell::new(0),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// The next `n` lines not handed out yet, within 10 s.
+    pub fn next(&self, n: usize) -> Vec<String> {
+        let from = self.taken.get();
+        wait_for(&format!("{n} more lines from etcdctl"), 10, || {
+            self.count() >= from + n
+        });
+        self.taken.set(from + n);
+        self.lines.lock().unwrap()[from..from + n].to_vec()
+    }
+
+    /// Whether it prints no new line for `d`.
+    pub fn quiet_for(&self, d: Duration) -> bool {
+        let (before, deadline) = (self.count(), Instant::now() + d);
+        while Instant::now() < deadline {
+            if self.count() > before {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.count() == before
+    }
+
+    /// What it printed so far, a newline after each line.
+    pub fn printed(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// Waits for a line starting with `start`.
+    pub fn wait_printed(&self, start: &str) {
+        wait_for(&format!("etcdctl to print {start}…"), 20, || {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.starts_with(start))
+        });
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGTERM (etcdctl lock and elect let go of their hold on it), then [`LiveCtl::finish`].
+    pub fn stop(self) -> String {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.finish()
+    }
+
+    /// Waits (20 s at most, then SIGKILL) for it to end: its exit code, stdout and stderr.
+    pub fn finish(mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.stdout.take().unwrap().join().unwrap();
+        let err = self.stderr.take().unwrap().join().unwrap();
+        format!("[exit {:?}]\n{}{err}", status.code(), self.printed())
+    }
+}
+
+impl Drop for LiveCtl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// etcdctl's stdout, asserting success.
 pub fn ctl_ok(endpoints: &str, args: &[&str]) -> String {
     let out = ctl(endpoints, args);
