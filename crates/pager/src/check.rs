@@ -225,7 +225,7 @@ impl Walker<'_> {
 impl Db {
     fn walk(&self, verify: bool) -> (Stats, Vec<String>) {
         let w = self.shared.writer.lock();
-        let snap = self.shared.snap(&w.meta, &w.map);
+        let snap = self.shared.snap(&w.meta, &w.map, &w.unreached);
         let mut walker = Walker {
             snap: &snap,
             verify,
@@ -255,6 +255,30 @@ impl Db {
             walker.mark(start, n, &format!("a run freed by commit {txid}"));
         }
         if verify {
+            let mut unreached = vec![false; w.meta.high_water as usize];
+            let pending = w.freelist.pending_runs().map(|(_, r)| r);
+            for (start, n) in w.freelist.free_runs().into_iter().chain(pending) {
+                for p in start.0..(start.0 + n).min(w.meta.high_water) {
+                    unreached[p as usize] = true;
+                }
+            }
+            let differs = (0..w.meta.high_water)
+                .find(|&p| w.unreached.first_in(p, 1).is_some() != unreached[p as usize]);
+            if let Some(p) = differs {
+                walker.problem(format!(
+                    "page {p} is {} the free and pending pages but {} as unreachable",
+                    if unreached[p as usize] {
+                        "among"
+                    } else {
+                        "not among"
+                    },
+                    if unreached[p as usize] {
+                        "not marked"
+                    } else {
+                        "marked"
+                    },
+                ));
+            }
             let leaked: Vec<usize> = (0..walker.marks.len())
                 .filter(|&p| walker.marks[p] == 0)
                 .collect();

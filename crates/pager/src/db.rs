@@ -15,6 +15,7 @@ use crate::map::Map;
 use crate::meta::{self, Meta, META_LEN};
 use crate::page::{self, Kind, PageId, TxId, HEADER, LEAF_ELEM, OVERFLOW_REF};
 use crate::tx::{ReadTxn, WriteTxn};
+use crate::unreached::Unreached;
 
 /// The largest value the pager stores (overflow runs count their pages in 32 bits).
 pub const MAX_VALUE_LEN: usize = 1 << 30;
@@ -49,6 +50,8 @@ pub(crate) const DEFAULT_PAGE_SIZE: u32 = 4096;
 pub(crate) struct Published {
     pub meta: Meta,
     pub map: Arc<Map>,
+    /// The pages `meta`'s commit does not reach.
+    pub unreached: Arc<Unreached>,
     /// Open read transactions by the txid they read.
     pub readers: BTreeMap<TxId, usize>,
     /// Pages `meta`'s commit does not reach: free, or freed and waiting to be reusable.
@@ -75,6 +78,8 @@ pub(crate) struct Writer {
     pub map: Arc<Map>,
     pub file_len: u64,
     pub freelist: Freelist,
+    /// The pages `meta`'s commit does not reach: the free set and the pending pages.
+    pub unreached: Arc<Unreached>,
     /// The run holding the freelist of the newest durable meta.
     pub freelist_run: Option<Run>,
     /// Txid of the newest durable meta and the meta slot (0 or 1) holding it.
@@ -99,10 +104,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn snap(&self, meta: &Meta, map: &Arc<Map>) -> Snap {
+    pub fn snap(&self, meta: &Meta, map: &Arc<Map>, unreached: &Arc<Unreached>) -> Snap {
         Snap {
             map: map.clone(),
             high_water: meta.high_water,
+            unreached: unreached.clone(),
             page_size: self.page_size,
             path: self.path.clone(),
         }
@@ -185,9 +191,11 @@ impl Db {
             });
         }
         let map = Arc::new(Map::new(&file, file_len, &path)?);
+        // The freelist is read before the pages it names are known: nothing is refused for it.
         let snap = Snap {
             map: map.clone(),
             high_water: meta.high_water,
+            unreached: Arc::default(),
             page_size,
             path: path.clone(),
         };
@@ -199,13 +207,16 @@ impl Db {
         } else {
             (Vec::new(), None)
         };
-        let free = Freelist::new(opts.freelist, &freelist::runs_of(&ids));
+        let runs = freelist::runs_of(&ids);
+        let free = Freelist::new(opts.freelist, &runs);
+        let unreached = Arc::new(Unreached::of(&runs));
         let unreachable_pages = free.free_count();
         let writer = Writer {
             meta,
             map: map.clone(),
             file_len,
             freelist: free,
+            unreached: unreached.clone(),
             freelist_run,
             durable: meta.txid,
             durable_slot: slot,
@@ -215,6 +226,7 @@ impl Db {
         let published = Published {
             meta,
             map,
+            unreached,
             readers: BTreeMap::new(),
             unreachable_pages,
         };

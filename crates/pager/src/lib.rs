@@ -37,6 +37,7 @@ mod map;
 mod meta;
 mod page;
 mod tx;
+mod unreached;
 
 pub use btree::cursor::{Cursor, Entry, Range};
 pub use check::Stats;

@@ -7,12 +7,24 @@
 //!
 //! Slices are handed out per page or run, never for the whole map: the writer rewrites free pages
 //! while readers hold slices of live ones, and a slice must never cover bytes that change under it.
+//! [`Map::pages`] hands out only pages the asking commit reaches, checked where the slice is made,
+//! so a damaged page id in the file is an error, never a borrow of bytes being rewritten.
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::page::{self, Bad, PageId};
+use crate::unreached::Unreached;
+
+/// What one commit reaches: pages `2..high_water` except those marked `unreached`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reach<'a> {
+    pub high_water: u64,
+    pub unreached: &'a Unreached,
+    pub page_size: usize,
+}
 
 /// A read-only shared mapping of the first `len` bytes of the database file.
 #[derive(Debug)]
@@ -52,23 +64,54 @@ impl Map {
         })
     }
 
-    /// The bytes `off..off + len` of the file, or `None` when they are not all mapped.
+    /// The bytes of pages `id..id + pages` as `commit` reaches them, or why they are refused.
     ///
-    /// Callers only ask for pages that are reachable from the snapshot they read (or that they
-    /// are about to validate as such): the pager never writes such a page while a transaction
-    /// that can reach it is open (see `Freelist` and `WriteTxn::commit`).
-    pub fn bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
-        let end = off.checked_add(len)?;
-        if end > self.len {
-            return None;
+    /// Every id is checked here, where the slice is made, so no page id — however damaged the
+    /// file that named it — yields bytes the writer may change while the slice lives.
+    pub fn pages(
+        &self,
+        commit: &Reach<'_>,
+        id: PageId,
+        pages: u64,
+    ) -> std::result::Result<&[u8], Bad> {
+        let end = id.0.checked_add(pages);
+        if id.0 < 2 || end.is_none_or(|e| e > commit.high_water) {
+            return Err(page::bad(
+                id,
+                format!(
+                    "run of {pages} pages outside the data pages 2..{}",
+                    commit.high_water
+                ),
+            ));
         }
-        let raw = self.raw.as_ref()?;
+        if let Some(free) = commit.unreached.first_in(id.0, pages) {
+            return Err(page::bad(
+                id,
+                format!(
+                    "run of {pages} pages includes page {free}, which this commit does not reach"
+                ),
+            ));
+        }
+        let (off, len) = (
+            (id.0 as usize).checked_mul(commit.page_size),
+            (pages as usize).checked_mul(commit.page_size),
+        );
+        let range = off.zip(len).and_then(|(o, l)| Some((o, o.checked_add(l)?)));
+        let Some((off, end)) = range.filter(|&(_, e)| e <= self.len) else {
+            return Err(page::bad(id, "beyond the end of the mapped file"));
+        };
+        let Some(raw) = self.raw.as_ref() else {
+            return Err(page::bad(id, "beyond the end of the mapped file"));
+        };
         // SAFETY: `off..end` lies inside the mapping (checked above), which stays mapped while
         // `self` is borrowed: `MmapRaw` unmaps only on drop, and the file is never truncated below
         // a live map's length (it only grows while open, and an exclusive lock keeps other
-        // processes out). The bytes do not change while the slice lives: the pager only writes
-        // pages that are free, and a page is free only when no open transaction can reach it —
-        // the slice is borrowed from such a transaction, which keeps its pages from being freed.
-        Some(unsafe { std::slice::from_raw_parts(raw.as_ptr().add(off), len) })
+        // processes out). The bytes do not change while the slice lives. The writer writes only
+        // (1) the meta pages 0 and 1, refused above; (2) pages at or past the high-water mark of
+        // the newest commit, which is at or past `commit`'s, refused above; (3) pages of its free
+        // set. A page enters the free set only once no open reader's commit reaches it, and the
+        // caller holds `commit` open while the slice lives (the slice borrows its reader), so a
+        // page of (3) is marked in `commit.unreached`: refused above.
+        Ok(unsafe { std::slice::from_raw_parts(raw.as_ptr().add(off), end - off) })
     }
 }

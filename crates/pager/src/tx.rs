@@ -91,13 +91,12 @@ pub struct ReadTxn {
 
 impl ReadTxn {
     pub(crate) fn new(shared: Arc<Shared>) -> ReadTxn {
-        let (meta, map) = {
+        let (meta, snap) = {
             let mut p = shared.published.lock();
             let meta = p.meta;
             *p.readers.entry(meta.txid).or_default() += 1;
-            (meta, p.map.clone())
+            (meta, shared.snap(&meta, &p.map, &p.unreached))
         };
-        let snap = shared.snap(&meta, &map);
         ReadTxn { shared, snap, meta }
     }
 
@@ -242,11 +241,13 @@ fn check_key(key: &[u8], page_size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Hands out pages for a commit: from the free set, else past the high-water mark.
+/// Hands out pages for a commit: from the free set, else past the high-water mark; and frees the
+/// pages the commit no longer reaches. `taken` and `freed` are what changes in what it reaches.
 struct Alloc<'a> {
     freelist: &'a mut Freelist,
     high_water: u64,
     taken: Vec<Run>,
+    freed: Vec<Run>,
 }
 
 impl Alloc<'_> {
@@ -263,6 +264,11 @@ impl Alloc<'_> {
             }
         }
     }
+
+    fn free(&mut self, txid: TxId, runs: Vec<Run>) {
+        self.freed.extend_from_slice(&runs);
+        self.freelist.free(txid, runs);
+    }
 }
 
 impl<'db> WriteTxn<'db> {
@@ -276,7 +282,7 @@ impl<'db> WriteTxn<'db> {
         let oldest_reader = shared.published.lock().readers.keys().next().copied();
         let upto = oldest_reader.map_or(w.durable_prev, |r| r.min(w.durable_prev));
         w.freelist.release_upto(upto);
-        let snap = shared.snap(&w.meta, &w.map);
+        let snap = shared.snap(&w.meta, &w.map, &w.unreached);
         let root = NodeRef::Page(w.meta.root);
         Ok(WriteTxn {
             shared,
@@ -387,6 +393,7 @@ impl<'db> WriteTxn<'db> {
             freelist: &mut w.freelist,
             high_water: w.meta.high_water,
             taken: Vec::new(),
+            freed: Vec::new(),
         };
         let spilled = write_commit(
             self.shared,
@@ -400,7 +407,10 @@ impl<'db> WriteTxn<'db> {
             w.freelist_run,
         );
         let Alloc {
-            high_water, taken, ..
+            high_water,
+            taken,
+            freed,
+            ..
         } = alloc;
         let outcome = spilled.and_then(|(writes, new_run)| {
             let NodeRef::Page(root) = self.root else {
@@ -424,8 +434,16 @@ impl<'db> WriteTxn<'db> {
                     w.freelist_run = new_run;
                 }
                 w.meta = meta;
+                let unreached = Arc::make_mut(&mut w.unreached);
+                for &run in &taken {
+                    unreached.mark(run, false);
+                }
+                for &run in &freed {
+                    unreached.mark(run, true);
+                }
                 let mut p = self.shared.published.lock();
                 p.meta = meta;
+                p.unreached = w.unreached.clone();
                 p.unreachable_pages = w.freelist.free_count() + w.freelist.pending_count();
                 p.map = w.map.clone();
                 Ok(())
@@ -467,11 +485,11 @@ fn write_commit(
         }
     }
     *root = NodeRef::Page(ed.spill(*root, &mut |n| alloc.take(n), &mut writes));
-    alloc.freelist.free(txid, std::mem::take(&mut ed.freed));
+    alloc.free(txid, std::mem::take(&mut ed.freed));
     let mut new_run = None;
     if durable {
         if let Some(run) = old_run {
-            alloc.freelist.free(txid, vec![run]);
+            alloc.free(txid, vec![run]);
         }
         let upper = alloc.freelist.free_count() + alloc.freelist.pending_count();
         let pages = freelist::encoded_pages(upper as usize, shared.page_size);

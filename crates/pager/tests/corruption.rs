@@ -276,3 +276,69 @@ fn a_meta_claiming_more_pages_than_a_file_can_hold_is_refused() {
         assert!(matches!(err, Error::NoValidMeta { .. }), "{err:?}");
     }
 }
+
+/// A page id that checks out everywhere but names a page its commit does not reach — here the
+/// root tree's pointer to a bucket, re-sealed with a valid checksum, naming the bucket's old
+/// leaf, now free. The old leaf is a real page with its own id and checksum, so nothing in the
+/// page tells it apart; without the commit's set of unreached pages a reader would return its
+/// stale value, and could borrow bytes the writer is rewriting. It is refused as corrupt.
+#[test]
+fn a_page_id_naming_a_free_page_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let db = Db::open(&path, Options::default()).unwrap();
+    put(&db, b"k", b"old-value");
+    put(&db, b"k", b"new-value");
+    put(&db, b"other", b"x");
+    let stats = db.stats();
+    assert!(stats.free_pages + stats.pending_pages > 0, "{stats:?}");
+    drop(db);
+
+    let mut bytes = std::fs::read(&path).unwrap();
+    let ps = 4096usize;
+    let u64_at = |b: &[u8], off: usize| u64::from_le_bytes(b[off..off + 8].try_into().unwrap());
+    let meta = newest_meta_offset(&path) as usize;
+    let (root, freelist) = (u64_at(&bytes, meta + 16), u64_at(&bytes, meta + 24));
+    let ids_at = freelist as usize * ps + 24;
+    let free: Vec<u64> = (0..u64_at(&bytes, ids_at) as usize)
+        .map(|i| u64_at(&bytes, ids_at + 8 + 8 * i))
+        .collect();
+    // The bucket's leaf as the first commit wrote it: free now, its bytes intact.
+    let stale = *free
+        .iter()
+        .find(|&&p| {
+            let page = &bytes[p as usize * ps..(p as usize + 1) * ps];
+            page[8] == 2 && page.windows(10).any(|w| w == b"kold-value")
+        })
+        .expect("the old leaf is among the free pages");
+    // The root tree is one leaf: one element, key "b", its value the bucket's root page id.
+    let r = root as usize * ps;
+    assert_eq!(
+        (bytes[r + 8], bytes[r + 10]),
+        (2, 1),
+        "root is a one-element leaf"
+    );
+    let pos = u32::from_le_bytes(bytes[r + 24 + 8..r + 24 + 12].try_into().unwrap()) as usize;
+    assert_eq!(&bytes[r + pos..r + pos + 1], b"b");
+    bytes[r + pos + 1..r + pos + 9].copy_from_slice(&stale.to_le_bytes());
+    bytes[r + 16..r + 20].fill(0);
+    let crc = crc32c::crc32c(&bytes[r..r + ps]);
+    bytes[r + 16..r + 20].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+
+    let db = Db::open(&path, Options::default()).unwrap();
+    let r = db.begin_read().unwrap();
+    let err = r
+        .bucket(b"b")
+        .and_then(|b| b.get(b"k").map(|v| v.map(<[u8]>::to_vec)))
+        .expect_err("the stale leaf was read");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!(
+            "includes page {stale}, which this commit does not reach"
+        )),
+        "{err}"
+    );
+    drop(r);
+    db.check().expect_err("check names the damaged pointer");
+}

@@ -5,18 +5,21 @@ use std::sync::Arc;
 
 use super::node::{Node, NodeRef, NodeView, ValRef};
 use crate::error::{Error, Result};
-use crate::map::Map;
+use crate::map::{Map, Reach};
 use crate::page::{self, Bad, Kind, NodePage, PageId, HEADER};
+use crate::unreached::Unreached;
 
 /// Deeper than this is a cycle or garbage, not a tree: 64 levels of even two-way fan-out hold
 /// more pages than any file can.
 pub(crate) const MAX_DEPTH: usize = 64;
 
-/// The pages of one committed state: a map and the high-water mark that bounds valid page ids.
+/// The pages of one committed state: a map, the high-water mark that bounds valid page ids, and
+/// the pages below it that the commit does not reach.
 #[derive(Clone, Debug)]
 pub(crate) struct Snap {
     pub map: Arc<Map>,
     pub high_water: u64,
+    pub unreached: Arc<Unreached>,
     pub page_size: usize,
     pub path: Arc<Path>,
 }
@@ -30,25 +33,16 @@ impl Snap {
         }
     }
 
-    /// The bytes of pages `id..id + pages`.
+    /// The bytes of pages `id..id + pages`, refused unless this commit reaches them all.
     pub fn run(&self, id: PageId, pages: u64) -> Result<&[u8]> {
-        let end = id.0.checked_add(pages);
-        if id.0 < 2 || end.is_none_or(|e| e > self.high_water) {
-            return Err(self.corrupt(page::bad(
-                id,
-                format!(
-                    "run of {pages} pages outside the data pages 2..{}",
-                    self.high_water
-                ),
-            )));
-        }
-        let (off, len) = (
-            id.0 as usize * self.page_size,
-            pages as usize * self.page_size,
-        );
+        let reach = Reach {
+            high_water: self.high_water,
+            unreached: &self.unreached,
+            page_size: self.page_size,
+        };
         self.map
-            .bytes(off, len)
-            .ok_or_else(|| self.corrupt(page::bad(id, "beyond the end of the mapped file")))
+            .pages(&reach, id, pages)
+            .map_err(|b| self.corrupt(b))
     }
 
     pub fn node(&self, id: PageId) -> Result<NodePage<'_>> {
