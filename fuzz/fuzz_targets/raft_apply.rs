@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .enumerate()
         .map(|(i, d)| Committed {
-            index: i as u64 + 1,
+            index: consensus::RaftIndex(i as u64 + 1),
             term: 1,
             data: Some(d),
         })
@@ -47,6 +47,6 @@ fuzz_target!(|data: &[u8]| {
     drop(sm);
     drop(backend);
     let reopened = Backend::open(&path, Default::default()).expect("the store reopens");
-    assert_eq!(reopened.store().applied().index, batch.len() as u64);
+    assert_eq!(reopened.store().applied().index.0, batch.len() as u64);
     assert!(reopened.store().db().check().is_ok(), "the file checks out");
 });

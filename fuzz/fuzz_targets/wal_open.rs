@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         index: rec
             .entries
             .last()
-            .map_or(rec.snapshot.index, |e| e.index)
+            .map_or(rec.snapshot.index.0, |e| e.index)
             .saturating_add(1),
         term: rec.hard_state.term.max(1),
         ..Default::default()

@@ -153,7 +153,10 @@ fn wal_segments() -> io::Result<Seeds> {
             }
             _ => {
                 wal.save(Some(&hard(1, 5)), &es, true).map_err(other)?;
-                let mark = consensus::wal::SnapshotMark { index: 4, term: 1 };
+                let mark = consensus::wal::SnapshotMark {
+                    index: consensus::RaftIndex(4),
+                    term: 1,
+                };
                 wal.save_snapshot(mark).map_err(other)?;
                 wal.save(None, &[entry(6, 1, b"put c=3")], true)
                     .map_err(other)?;

@@ -18,6 +18,7 @@ use crate::node::{
     parse_context, Cmd, Committed, Error, Result, Shared, StateMachine, TAG_PROPOSAL,
 };
 use crate::snap::Snapshotter;
+use ids::RaftIndex;
 
 /// Restores the state machine from the snapshot data received for (`index`, `term`), then
 /// deletes that data (kept until now so a crash during the restore can redo it at restart).
@@ -34,7 +35,7 @@ pub(crate) fn restore_received<S: StateMachine>(
             path.display()
         )))
     })?;
-    sm.restore(index, term, &mut BufReader::new(file))
+    sm.restore(RaftIndex(index), term, &mut BufReader::new(file))
         .map_err(Error::StateMachine)?;
     fail::fail_point!("raft_snapshot_apply");
     if let Err(e) = fs::remove_file(&path) {
@@ -121,7 +122,7 @@ impl<S: StateMachine> Applier<S> {
         snapshot_count: u64,
         durable: u64,
     ) -> std::io::Result<(JoinHandle<()>, ApplyQueue)> {
-        let name = format!("apply-{:x}", shared.id);
+        let name = format!("apply-{}", shared.id);
         let id = shared.id;
         let a = Arc::new(Mutex::new(Applier {
             sm,
@@ -142,7 +143,7 @@ impl<S: StateMachine> Applier<S> {
                     ApplyTask::Stop => break,
                 };
                 if let Err(e) = r {
-                    tracing::error!(member = %format!("{id:x}"), "apply failed: {e}");
+                    tracing::error!(member = %id, "apply failed: {e}");
                     let _ = a.shared.tx.send(Cmd::Fatal(e));
                     break;
                 }
@@ -159,7 +160,7 @@ impl<S: StateMachine> Applier<S> {
                 return None;
             }
             Some(a.apply(es).inspect_err(|e| {
-                tracing::error!(member = %format!("{id:x}"), "apply failed: {e}");
+                tracing::error!(member = %id, "apply failed: {e}");
             }))
         });
         Ok((
@@ -176,7 +177,7 @@ impl<S: StateMachine> Applier<S> {
         let Some(last) = entries.last().map(|e| e.index) else {
             return Ok(());
         };
-        let applied = self.sm.applied();
+        let applied = self.sm.applied().0;
         let mut batch = Vec::with_capacity(entries.len());
         let mut origins = Vec::with_capacity(entries.len());
         for e in entries.iter().filter(|e| e.index > applied) {
@@ -195,7 +196,7 @@ impl<S: StateMachine> Applier<S> {
                 }
             }
             batch.push(Committed {
-                index: e.index,
+                index: RaftIndex(e.index),
                 term: e.term,
                 data,
             });
@@ -222,14 +223,14 @@ impl<S: StateMachine> Applier<S> {
         if !outs.is_empty() {
             let mut waiters = self.shared.waiters.lock();
             for (origin, out) in origins.into_iter().zip(outs) {
-                if let Some((_, seq)) = origin.filter(|o| o.0 == self.shared.id) {
+                if let Some((_, seq)) = origin.filter(|o| o.0 == self.shared.id.0) {
                     if let Some(w) = waiters.remove(&seq) {
                         let _ = w.send(Ok(out));
                     }
                 }
             }
         }
-        let applied = self.sm.applied();
+        let applied = self.sm.applied().0;
         if applied >= self.durable + self.snapshot_count {
             self.sm.sync().map_err(Error::StateMachine)?;
             self.durable = applied;
@@ -253,7 +254,7 @@ impl<S: StateMachine> Applier<S> {
 
     /// Starts copying the current state to a spool file on its own thread (it may be large).
     fn spool(&mut self) -> Result<()> {
-        let index = self.sm.applied();
+        let index = self.sm.applied().0;
         let mut reader = self.sm.snapshot().map_err(Error::StateMachine)?;
         let path = self.shared.snapshotter.spool_path(index);
         let tx = self.shared.tx.clone();

@@ -12,6 +12,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// Why a peer URL could not be dialed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DialError {
+    #[error("bad URL {url}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("{url}: an https URL, but this member has no TLS for it")]
+    NoTls { url: String },
+    #[error("{url}: want an http:// or https:// URL")]
+    Scheme { url: String },
+    #[error("cannot connect to {url}: {reason}")]
+    Connect { url: String, reason: String },
+}
+
 /// Dials peer URLs. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Dialer {
@@ -45,7 +58,7 @@ impl Dialer {
         &self,
         url: &str,
         ep: impl FnOnce(Endpoint) -> Endpoint,
-    ) -> Result<Channel, String> {
+    ) -> Result<Channel, DialError> {
         let e = self.endpoint(url, ep)?;
         Ok(e.connect_with_connector_lazy(Connector(self.clone())))
     }
@@ -55,29 +68,31 @@ impl Dialer {
         &self,
         url: &str,
         ep: impl FnOnce(Endpoint) -> Endpoint,
-    ) -> Result<Channel, String> {
+    ) -> Result<Channel, DialError> {
         let e = self.endpoint(url, ep)?;
         e.connect_with_connector(Connector(self.clone()))
             .await
-            .map_err(|e| format!("cannot connect to {url}: {}", source_chain(&e)))
+            .map_err(|e| DialError::Connect {
+                url: url.to_string(),
+                reason: source_chain(&e),
+            })
     }
 
     fn endpoint(
         &self,
         url: &str,
         ep: impl FnOnce(Endpoint) -> Endpoint,
-    ) -> Result<Endpoint, String> {
-        let e =
-            Endpoint::from_shared(url.to_string()).map_err(|e| format!("bad URL {url}: {e}"))?;
+    ) -> Result<Endpoint, DialError> {
+        let e = Endpoint::from_shared(url.to_string()).map_err(|e| DialError::BadUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let url = url.to_string();
         match e.uri().scheme_str() {
             Some("http") => {}
             Some("https") if self.tls.is_some() => {}
-            Some("https") => {
-                return Err(format!(
-                    "{url}: an https URL, but this member has no TLS for it"
-                ))
-            }
-            _ => return Err(format!("{url}: want an http:// or https:// URL")),
+            Some("https") => return Err(DialError::NoTls { url }),
+            _ => return Err(DialError::Scheme { url }),
         }
         Ok(ep(e))
     }

@@ -12,17 +12,21 @@ mod logger;
 pub mod member;
 pub mod metrics;
 mod node;
-pub mod snap;
+mod snap;
 pub mod transport;
 pub mod wal;
 
 pub use codec::Malformed;
-pub use dial::Dialer;
+pub use dial::{DialError, Dialer};
 pub use driver::existing_member;
-pub use member::{cluster_id, member_id, parse_initial_cluster, Member, Members};
+pub use ids::{BadId, ClusterId, MemberId, RaftIndex};
+pub use member::{
+    cluster_id, member_id, parse_initial_cluster, BadInitialCluster, Member, Members,
+};
 pub use node::{
     Change, Committed, Config, Error, Inbox, PeerProgress, RaftNode, Result, Role, Start,
     StateMachine, Status,
 };
 pub use raft::eraftpb::Message;
+pub use snap::SnapError;
 pub use transport::{Reporter, SnapshotDone, Transport};

@@ -4,6 +4,8 @@ use std::fmt::{self, Write};
 
 use slog::{Drain, Level, OwnedKVList, Record, KV};
 
+use ids::MemberId;
+
 #[derive(Debug)]
 struct ToTracing;
 
@@ -38,6 +40,6 @@ impl Drain for ToTracing {
 }
 
 /// A logger for raft-rs, tagged with the member id.
-pub(crate) fn raft_logger(id: u64) -> slog::Logger {
-    slog::Logger::root(ToTracing.fuse(), slog::o!("raft_id" => format!("{id:x}")))
+pub(crate) fn raft_logger(id: MemberId) -> slog::Logger {
+    slog::Logger::root(ToTracing.fuse(), slog::o!("raft_id" => id.to_string()))
 }

@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 
 use crate::codec::{put_bytes, put_u64, Malformed, Reader};
+use ids::{ClusterId, MemberId};
 
 /// One member of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Member {
     /// Its raft id (never 0).
-    pub id: u64,
+    pub id: MemberId,
     /// `--name`; empty until the member has started and published it.
     pub name: String,
     pub peer_urls: Vec<String>,
@@ -19,7 +20,7 @@ pub struct Member {
 
 impl Member {
     pub(crate) fn encode(&self, buf: &mut Vec<u8>) {
-        put_u64(buf, self.id);
+        put_u64(buf, self.id.0);
         put_bytes(buf, self.name.as_bytes());
         put_u64(buf, self.peer_urls.len() as u64);
         for u in &self.peer_urls {
@@ -33,7 +34,7 @@ impl Member {
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Member, Malformed> {
-        let id = r.u64()?;
+        let id = MemberId(r.u64()?);
         let name = r.string()?;
         let mut urls = || -> Result<Vec<String>, Malformed> {
             let n = r.u64()?;
@@ -54,14 +55,14 @@ impl Member {
 
 /// The member list, by id.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Members(pub BTreeMap<u64, Member>);
+pub struct Members(pub BTreeMap<MemberId, Member>);
 
 impl Members {
     pub fn new(members: impl IntoIterator<Item = Member>) -> Members {
         Members(members.into_iter().map(|m| (m.id, m)).collect())
     }
 
-    pub fn get(&self, id: u64) -> Option<&Member> {
+    pub fn get(&self, id: MemberId) -> Option<&Member> {
         self.0.get(&id)
     }
 
@@ -116,48 +117,65 @@ fn sha1_id(parts: &[&[u8]]) -> u64 {
 /// of the sorted URLs joined, then the token). As etcd, a member added later also mixes in the
 /// time it was added (`added_at`, Unix nanoseconds here, seconds in etcd), so re-adding the
 /// same URLs gives a new id.
-pub fn member_id(peer_urls: &[String], token: &str, added_at: Option<u64>) -> u64 {
+pub fn member_id(peer_urls: &[String], token: &str, added_at: Option<u64>) -> MemberId {
     let mut urls: Vec<&str> = peer_urls.iter().map(|s| s.as_str()).collect();
     urls.sort_unstable();
     let time = added_at.map(|t| t.to_string()).unwrap_or_default();
-    sha1_id(&[urls.concat().as_bytes(), token.as_bytes(), time.as_bytes()])
+    MemberId(sha1_id(&[
+        urls.concat().as_bytes(),
+        token.as_bytes(),
+        time.as_bytes(),
+    ]))
 }
 
 /// The id of a cluster bootstrapped with these members: etcd's (the SHA-1 of the sorted member
 /// ids, 8 bytes big-endian each). The token is already in every member id.
-pub fn cluster_id(member_ids: &[u64]) -> u64 {
+pub fn cluster_id(member_ids: &[MemberId]) -> ClusterId {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
-    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_be_bytes()).collect();
-    sha1_id(&[&bytes])
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.0.to_be_bytes()).collect();
+    ClusterId(sha1_id(&[&bytes]))
+}
+
+/// Why `--initial-cluster` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadInitialCluster {
+    #[error("--initial-cluster: {0:?} is not name=URL")]
+    NotNameUrl(String),
+    #[error("--initial-cluster: {0:?} has no member name")]
+    NoName(String),
+    #[error("--initial-cluster: {0:?} is not a URL (scheme://host:port)")]
+    NotUrl(String),
+    #[error("--initial-cluster: URL {0} is given twice")]
+    UrlTwice(String),
+    #[error("--initial-cluster is empty")]
+    Empty,
 }
 
 /// Parses `--initial-cluster` (`name=url,name=url,…`; a name may repeat to give a member
 /// several peer URLs) into members, with ids from their URLs and the cluster `token`, in the
 /// order first named.
-pub fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<Member>, String> {
+pub fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<Member>, BadInitialCluster> {
     let mut by_name: Vec<(String, Vec<String>)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((name, url)) = part.split_once('=') else {
-            return Err(format!("--initial-cluster: {part:?} is not name=URL"));
+            return Err(BadInitialCluster::NotNameUrl(part.to_string()));
         };
         let (name, url) = (name.trim(), url.trim());
         if name.is_empty() {
-            return Err(format!("--initial-cluster: {part:?} has no member name"));
+            return Err(BadInitialCluster::NoName(part.to_string()));
         }
         let valid = url.split_once("://").is_some_and(|(scheme, rest)| {
             matches!(scheme, "http" | "https" | "unix" | "unixs") && !rest.is_empty()
         });
         if !valid {
-            return Err(format!(
-                "--initial-cluster: {url:?} is not a URL (scheme://host:port)"
-            ));
+            return Err(BadInitialCluster::NotUrl(url.to_string()));
         }
         if by_name
             .iter()
             .any(|(_, urls)| urls.iter().any(|u| u == url))
         {
-            return Err(format!("--initial-cluster: URL {url} is given twice"));
+            return Err(BadInitialCluster::UrlTwice(url.to_string()));
         }
         match by_name.iter_mut().find(|(n, _)| n == name) {
             Some((_, urls)) => urls.push(url.to_string()),
@@ -165,7 +183,7 @@ pub fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<Member>, String
         }
     }
     if by_name.is_empty() {
-        return Err("--initial-cluster is empty".into());
+        return Err(BadInitialCluster::Empty);
     }
     Ok(by_name
         .into_iter()
@@ -204,14 +222,14 @@ mod tests {
     fn members_round_trip_and_reject_garbage() {
         let ms = Members::new([
             Member {
-                id: 7,
+                id: MemberId(7),
                 name: "a".into(),
                 peer_urls: vec!["http://127.0.0.1:2380".into()],
                 client_urls: vec![],
                 is_learner: false,
             },
             Member {
-                id: 9,
+                id: MemberId(9),
                 is_learner: true,
                 ..Default::default()
             },
@@ -230,8 +248,9 @@ mod tests {
         assert_eq!(member_id(&a, "t", None), member_id(&b, "t", None));
         assert_ne!(member_id(&a, "t", None), member_id(&a, "u", None));
         assert_ne!(member_id(&a, "t", None), member_id(&a, "t", Some(1)));
-        assert_eq!(cluster_id(&[1, 2]), cluster_id(&[2, 1]));
-        assert_ne!(cluster_id(&[1, 2]), cluster_id(&[1, 3]));
+        let ids = |v: [u64; 2]| v.map(MemberId);
+        assert_eq!(cluster_id(&ids([1, 2])), cluster_id(&ids([2, 1])));
+        assert_ne!(cluster_id(&ids([1, 2])), cluster_id(&ids([1, 3])));
     }
 
     /// Ids etcd v3.6.5 gave (`etcdctl member list -w json`) to clusters started with these
@@ -240,9 +259,9 @@ mod tests {
     fn ids_are_etcds() {
         let url = |p: u16| vec![format!("http://127.0.0.1:{p}")];
         let one = member_id(&url(23801), "etcd-cluster", None);
-        assert_eq!(one, 13668033151171901709);
-        assert_eq!(cluster_id(&[one]), 15118495548433857066);
-        let three: Vec<u64> = [23801, 23802, 23803]
+        assert_eq!(one, MemberId(13668033151171901709));
+        assert_eq!(cluster_id(&[one]), ClusterId(15118495548433857066));
+        let three: Vec<MemberId> = [23801, 23802, 23803]
             .into_iter()
             .map(|p| member_id(&url(p), "tok-3", None))
             .collect();
@@ -253,7 +272,8 @@ mod tests {
                 7652125314392780625,
                 5100081602425780903
             ]
+            .map(MemberId)
         );
-        assert_eq!(cluster_id(&three), 16423275000539813071);
+        assert_eq!(cluster_id(&three), ClusterId(16423275000539813071));
     }
 }

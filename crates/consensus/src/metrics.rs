@@ -77,8 +77,8 @@ pub static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
 });
 
 /// A peer id as etcd labels it (hex).
-pub(crate) fn peer(id: u64) -> String {
-    format!("{id:x}")
+pub(crate) fn peer(id: crate::MemberId) -> String {
+    id.to_string()
 }
 
 /// Registers every metric now, so `/metrics` lists them before their first sample.

@@ -29,11 +29,12 @@ use crate::member::{Member, Members};
 use crate::snap::{SnapError, Snapshotter};
 use crate::transport::Transport;
 use crate::wal;
+use ids::{ClusterId, MemberId, RaftIndex};
 
 /// A committed entry as the state machine sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Committed<'a> {
-    pub index: u64,
+    pub index: RaftIndex,
     pub term: u64,
     /// The proposed bytes; `None` for raft's own entries (a new leader's empty entry,
     /// membership changes), which the state machine only counts as applied.
@@ -48,7 +49,7 @@ pub trait StateMachine: Send + 'static {
 
     /// The index of the last entry applied (0 for a new state machine). After a restart this is
     /// what the state machine made durable; entries up to it are not given again.
-    fn applied(&self) -> u64;
+    fn applied(&self) -> RaftIndex;
 
     /// Applies committed entries, in order: one output per entry. The index of the last one
     /// is applied afterwards. An error stops the member.
@@ -63,7 +64,7 @@ pub trait StateMachine: Send + 'static {
 
     /// Replaces the whole state with a snapshot's (the entry at `index`, `term` and all before
     /// it); durable on return, `applied()` is `index` afterwards.
-    fn restore(&mut self, index: u64, term: u64, data: &mut dyn Read) -> io::Result<()>;
+    fn restore(&mut self, index: RaftIndex, term: u64, data: &mut dyn Read) -> io::Result<()>;
 }
 
 /// Errors of a node and of its requests.
@@ -118,23 +119,23 @@ pub enum Error {
     },
     /// The data directory holds another member's log.
     #[error(
-        "{} belongs to member {found_member:x} of cluster {found_cluster:x}, not member \
-         {member:x} of cluster {cluster:x}",
+        "{} belongs to member {found_member} of cluster {found_cluster}, not member \
+         {member} of cluster {cluster}",
         dir.display()
     )]
     WrongMember {
         dir: PathBuf,
-        found_member: u64,
-        found_cluster: u64,
-        member: u64,
-        cluster: u64,
+        found_member: MemberId,
+        found_cluster: ClusterId,
+        member: MemberId,
+        cluster: ClusterId,
     },
     /// The WAL's metadata is not a kvd member's.
     #[error("{}: the WAL's metadata is not kvd's", dir.display())]
     ForeignWal { dir: PathBuf },
     /// A new cluster's members do not include this one.
-    #[error("member {0:x} is not in the initial cluster")]
-    NotInInitialCluster(u64),
+    #[error("member {0} is not in the initial cluster")]
+    NotInInitialCluster(MemberId),
     /// Member id 0 means "none" to raft.
     #[error("member id 0 is reserved")]
     ReservedId,
@@ -145,8 +146,8 @@ pub enum Error {
          {index} that cannot be restored ({source}); refusing to start"
     )]
     Unrestorable {
-        applied: u64,
-        index: u64,
+        applied: RaftIndex,
+        index: RaftIndex,
         #[source]
         source: Box<Error>,
     },
@@ -161,8 +162,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct Config {
     /// This member's id.
-    pub id: u64,
-    pub cluster_id: u64,
+    pub id: MemberId,
+    pub cluster_id: ClusterId,
     /// The member directory: `wal/` and `snap/` go under it.
     pub dir: PathBuf,
     /// `--heartbeat-interval`: one raft tick.
@@ -184,7 +185,7 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn new(id: u64, cluster_id: u64, dir: impl Into<PathBuf>) -> Config {
+    pub fn new(id: MemberId, cluster_id: ClusterId, dir: impl Into<PathBuf>) -> Config {
         let heartbeat = Duration::from_millis(100);
         let election_ticks = 10;
         Config {
@@ -222,8 +223,8 @@ pub enum Start {
 pub enum Change {
     AddMember(Member),
     AddLearner(Member),
-    Promote(u64),
-    Remove(u64),
+    Promote(MemberId),
+    Remove(MemberId),
     /// New peer URLs for a member (a replicated entry, not a configuration change).
     Update(Member),
 }
@@ -241,28 +242,28 @@ pub enum Role {
 /// What a node knows right now.
 #[derive(Debug, Clone, Default)]
 pub struct Status {
-    pub id: u64,
-    pub cluster_id: u64,
-    pub leader: Option<u64>,
+    pub id: MemberId,
+    pub cluster_id: ClusterId,
+    pub leader: Option<MemberId>,
     pub term: u64,
     pub role: Role,
-    pub commit: u64,
-    pub applied: u64,
+    pub commit: RaftIndex,
+    pub applied: RaftIndex,
     pub members: Members,
     /// The last snapshot taken or installed.
-    pub snapshot_index: u64,
+    pub snapshot_index: RaftIndex,
     pub removed: bool,
     /// On the leader: each peer's replication progress (empty elsewhere).
-    pub peers: std::collections::BTreeMap<u64, PeerProgress>,
+    pub peers: std::collections::BTreeMap<MemberId, PeerProgress>,
     /// On the leader: the last index of its own log.
-    pub last_index: u64,
+    pub last_index: RaftIndex,
 }
 
 /// The leader's view of one peer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeerProgress {
     /// The highest log index known to be replicated there.
-    pub matched: u64,
+    pub matched: RaftIndex,
     /// Since when the leader's link to it has been up without a break, if it is
     /// ([`crate::Transport::active_since`]).
     pub active_since: Option<std::time::Instant>,
@@ -272,7 +273,7 @@ type Waiter<O> = oneshot::Sender<Result<O>>;
 
 /// State shared by the handle, the raft thread and the apply thread.
 pub(crate) struct Shared<O> {
-    pub(crate) id: u64,
+    pub(crate) id: MemberId,
     pub(crate) tx: Sender<Cmd>,
     pub(crate) waiters: Mutex<HashMap<u64, Waiter<O>>>,
     next_seq: AtomicU64,
@@ -282,7 +283,7 @@ pub(crate) struct Shared<O> {
     pub(crate) snapshotter: Snapshotter,
     /// Members removed while this node ran (or in the log it replayed): peers refuse their
     /// messages, so a removed member that never got its own removal learns of it.
-    pub(crate) removed_ids: Arc<Mutex<std::collections::HashSet<u64>>>,
+    pub(crate) removed_ids: Arc<Mutex<std::collections::HashSet<MemberId>>>,
     /// The last index the apply thread applied. The raft thread reads it on every turn; it is
     /// woken with `Cmd::Applied` only while `applied_wanted` says something waits for it (a read,
     /// a membership change), so a plain write costs the raft thread no extra wake-up.
@@ -443,7 +444,7 @@ impl<O: Send + 'static> RaftNode<O> {
     where
         S: StateMachine<Output = O>,
     {
-        if cfg.id == 0 {
+        if cfg.id == MemberId::NONE {
             return Err(Error::ReservedId);
         }
         let snapshotter = Snapshotter::new(cfg.dir.join("snap"))?;
@@ -474,7 +475,7 @@ impl<O: Send + 'static> RaftNode<O> {
         let driver = Arc::new(Mutex::new(Some(driver)));
         let d = driver.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("raft-{:x}", shared.id))
+            .name(format!("raft-{}", shared.id))
             .spawn(move || Driver::run(&d, rx))
             .map_err(|source| Error::Spawn {
                 thread: "raft",
@@ -487,7 +488,7 @@ impl<O: Send + 'static> RaftNode<O> {
         })
     }
 
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> MemberId {
         self.shared.id
     }
 
@@ -533,7 +534,7 @@ impl<O: Send + 'static> RaftNode<O> {
     /// at least that far, so a local read then sees every write acknowledged before the call.
     /// Reads waiting together share one round of heartbeats; a leader that is the only voter
     /// answers at once when it has applied its commit index.
-    pub fn read_index(&self) -> impl Future<Output = Result<u64>> + Send + 'static {
+    pub fn read_index(&self) -> impl Future<Output = Result<RaftIndex>> + Send + 'static {
         // Ok: a read point now; Err: the raft thread's answer to wait for.
         let point = self.shared.sole_read_point().ok_or_else(|| {
             let (tx, rx) = oneshot::channel();
@@ -542,8 +543,8 @@ impl<O: Send + 'static> RaftNode<O> {
         });
         async move {
             match point {
-                Ok(index) => Ok(index),
-                Err(rx) => rx.await.unwrap_or(Err(Error::Stopped)),
+                Ok(index) => Ok(RaftIndex(index)),
+                Err(rx) => rx.await.unwrap_or(Err(Error::Stopped)).map(RaftIndex),
             }
         }
     }
@@ -559,8 +560,8 @@ impl<O: Send + 'static> RaftNode<O> {
     }
 
     /// Asks the leader to hand leadership to `id` (best effort; watch [`RaftNode::status`]).
-    pub fn transfer_leader(&self, id: u64) -> Result<()> {
-        self.send(Cmd::TransferLeader(id))
+    pub fn transfer_leader(&self, id: MemberId) -> Result<()> {
+        self.send(Cmd::TransferLeader(id.0))
     }
 
     /// Starts an election now (tests and tools).
@@ -587,13 +588,13 @@ impl<O: Send + 'static> RaftNode<O> {
     }
 
     /// The known leader and this member's role (cheap, as [`RaftNode::term`]).
-    pub fn leader(&self) -> (Option<u64>, Role) {
+    pub fn leader(&self) -> (Option<MemberId>, Role) {
         let s = self.shared.status.lock();
         (s.leader, s.role)
     }
 
     /// The commit and applied indexes (cheap, as [`RaftNode::term`]).
-    pub fn progress(&self) -> (u64, u64) {
+    pub fn progress(&self) -> (RaftIndex, RaftIndex) {
         let s = self.shared.status.lock();
         (s.commit, s.applied)
     }
@@ -695,12 +696,12 @@ impl<O: Send + 'static> Drop for QueuedTurn<O> {
 pub struct Inbox {
     tx: Sender<Cmd>,
     snapshotter: Snapshotter,
-    removed: Arc<Mutex<std::collections::HashSet<u64>>>,
+    removed: Arc<Mutex<std::collections::HashSet<MemberId>>>,
 }
 
 impl Inbox {
     /// Whether `id` was removed from the cluster (its messages are refused).
-    pub fn is_removed(&self, id: u64) -> bool {
+    pub fn is_removed(&self, id: MemberId) -> bool {
         self.removed.lock().contains(&id)
     }
 
@@ -723,7 +724,7 @@ impl Inbox {
 }
 
 /// The raft-rs change type for a membership change.
-pub(crate) fn change_type(c: &Change) -> Option<(ConfChangeType, u64)> {
+pub(crate) fn change_type(c: &Change) -> Option<(ConfChangeType, MemberId)> {
     match c {
         Change::AddMember(m) => Some((ConfChangeType::AddNode, m.id)),
         Change::AddLearner(m) => Some((ConfChangeType::AddLearnerNode, m.id)),

@@ -132,10 +132,6 @@ impl Snapshotter {
         Ok(Snapshotter { dir })
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn path(&self, index: u64, term: u64) -> PathBuf {
         self.dir.join(format!("{term:016x}-{index:016x}.snap"))
     }

@@ -9,6 +9,7 @@ use raft::eraftpb::Message;
 
 use crate::member::Members;
 use crate::node::Cmd;
+use ids::MemberId;
 
 /// Carries raft messages to peers. Called from the raft thread: no method may block.
 pub trait Transport: Send + 'static {
@@ -25,7 +26,7 @@ pub trait Transport: Send + 'static {
     /// `ActiveSince`): the leader's membership checks count a peer as live only once it has
     /// been for a while. `None`: not connected now (or a transport that cannot tell, whose
     /// peers then never count as live).
-    fn active_since(&self, _peer: u64) -> Option<std::time::Instant> {
+    fn active_since(&self, _peer: MemberId) -> Option<std::time::Instant> {
         None
     }
 }
@@ -38,13 +39,13 @@ pub struct Reporter {
 
 impl Reporter {
     /// `id` could not be reached (raft slows down sending to it).
-    pub fn unreachable(&self, id: u64) {
-        let _ = self.tx.send(Cmd::Unreachable(id));
+    pub fn unreachable(&self, id: MemberId) {
+        let _ = self.tx.send(Cmd::Unreachable(id.0));
     }
 
     /// Peer `by` refused this member's messages because it was removed from the cluster.
-    pub fn removed_by(&self, by: u64) {
-        let _ = self.tx.send(Cmd::RemovedByPeer(by));
+    pub fn removed_by(&self, by: MemberId) {
+        let _ = self.tx.send(Cmd::RemovedByPeer(by.0));
     }
 }
 

@@ -29,6 +29,8 @@ use std::thread::JoinHandle;
 use protobuf::Message;
 use raft::eraftpb::{Entry, HardState};
 
+use ids::RaftIndex;
+
 /// Segment size (etcd's 64 MiB).
 pub const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
 const HEADER: usize = 9;
@@ -77,7 +79,7 @@ fn io<T>(op: &'static str, path: &Path, r: std::io::Result<T>) -> Result<T> {
 /// A snapshot the log knows of: entries up to `index` live in it, not in the log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SnapshotMark {
-    pub index: u64,
+    pub index: RaftIndex,
     pub term: u64,
 }
 
@@ -169,7 +171,7 @@ fn encode_msg(buf: &mut Vec<u8>, kind: u8, m: &impl Message) {
 
 fn snapshot_bytes(s: SnapshotMark) -> [u8; 16] {
     let mut b = [0u8; 16];
-    b[..8].copy_from_slice(&s.index.to_le_bytes());
+    b[..8].copy_from_slice(&s.index.0.to_le_bytes());
     b[8..].copy_from_slice(&s.term.to_le_bytes());
     b
 }
@@ -449,7 +451,7 @@ impl Wal {
         let mut rec = Recovered::default();
         let mut end = 0;
         for (i, seg) in segments.iter().enumerate() {
-            let last_index = rec.entries.last().map_or(rec.snapshot.index, |e| e.index);
+            let last_index = rec.entries.last().map_or(rec.snapshot.index.0, |e| e.index);
             if i > 0 && last_index.saturating_add(1) < seg.first_index {
                 return Err(Error::Corrupt {
                     path: seg.path.clone(),
@@ -479,7 +481,7 @@ impl Wal {
                 "cut off a torn write at the end of the WAL"
             );
         }
-        let last_index = rec.entries.last().map_or(rec.snapshot.index, |e| e.index);
+        let last_index = rec.entries.last().map_or(rec.snapshot.index.0, |e| e.index);
         let wal = Wal {
             prealloc: Preallocator::start(&dir, opts.segment_size),
             dir,
@@ -534,15 +536,15 @@ impl Wal {
         encode(&mut buf, KIND_SNAPSHOT, &snapshot_bytes(mark));
         self.write(&buf, true)?;
         self.snapshot = mark;
-        self.last_index = self.last_index.max(mark.index);
+        self.last_index = self.last_index.max(mark.index.0);
         Ok(())
     }
 
     /// Deletes whole segments holding only entries at or below `index` (covered by a snapshot),
     /// oldest first, while more than `keep` segments remain; the last segment always stays.
-    pub fn purge(&mut self, index: u64, keep: usize) -> Result<usize> {
+    pub fn purge(&mut self, index: RaftIndex, keep: usize) -> Result<usize> {
         let mut n = 0;
-        while self.segments.len() > keep.max(1) && self.segments[1].first_index <= index + 1 {
+        while self.segments.len() > keep.max(1) && self.segments[1].first_index <= index.0 + 1 {
             let s = self.segments.remove(0);
             io("remove", &s.path, fs::remove_file(&s.path))?;
             n += 1;
@@ -559,8 +561,8 @@ impl Wal {
     }
 
     /// The index of the last entry written (or of the snapshot).
-    pub fn last_index(&self) -> u64 {
-        self.last_index
+    pub fn last_index(&self) -> RaftIndex {
+        RaftIndex(self.last_index)
     }
 
     fn write(&mut self, buf: &[u8], sync: bool) -> Result<()> {
@@ -720,7 +722,7 @@ fn apply_record(kind: u8, payload: &[u8], rec: &mut Recovered) -> Result<(), Str
         KIND_METADATA => rec.metadata = payload.to_vec(),
         KIND_ENTRY => {
             let e = Entry::parse_from_bytes(payload).map_err(|e| format!("entry: {e}"))?;
-            if e.index <= rec.snapshot.index {
+            if e.index <= rec.snapshot.index.0 {
                 return Ok(());
             }
             // Raft replaced the entries from this index on.
@@ -749,12 +751,12 @@ fn apply_record(kind: u8, payload: &[u8], rec: &mut Recovered) -> Result<(), Str
                 .try_into()
                 .map_err(|_| "a snapshot marker is not 16 bytes".to_string())?;
             let mark = SnapshotMark {
-                index: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+                index: RaftIndex(u64::from_le_bytes(b[..8].try_into().unwrap_or_default())),
                 term: u64::from_le_bytes(b[8..].try_into().unwrap_or_default()),
             };
             if mark.index >= rec.snapshot.index {
                 rec.snapshot = mark;
-                rec.entries.retain(|e| e.index > mark.index);
+                rec.entries.retain(|e| e.index > mark.index.0);
             }
         }
         k => return Err(format!("unknown record kind {k}")),

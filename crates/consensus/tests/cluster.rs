@@ -6,7 +6,7 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use consensus::{Change, Config, Error, Role, Start};
+use consensus::{Change, Config, Error, MemberId, Role, Start};
 use harness::{fast, member, wait_for, Cluster};
 
 #[test]
@@ -111,9 +111,9 @@ fn a_minority_cannot_commit_and_its_leader_steps_down() {
     // The majority elects a leader and commits.
     wait_for("a leader in the majority", 10, || {
         let s = c.node(others[0]).status();
-        s.leader.is_some_and(|x| x != l)
+        s.leader.is_some_and(|x| x != MemberId(l))
     });
-    let nl = c.node(others[0]).status().leader.unwrap();
+    let nl = c.node(others[0]).status().leader.unwrap().0;
     c.propose_many(nl, "majority", 50);
     // Reads on the cut-off member fail rather than return stale data.
     assert!(c.read_index(l).is_err());
@@ -136,7 +136,7 @@ fn a_follower_far_behind_catches_up_by_snapshot() {
     c.stop(lagging);
     c.propose_many(l, "x", 600);
     wait_for("the leader to snapshot", 10, || {
-        c.node(l).status().snapshot_index >= 500
+        c.node(l).status().snapshot_index.0 >= 500
     });
     c.restart(lagging);
     c.propose_many(l, "y", 10);
@@ -164,7 +164,7 @@ fn membership_changes_under_load() {
     c.propose_many(l, "p0", 300);
     // Add a learner: it joins empty and catches up (by snapshot).
     let members = c.change(l, Change::AddLearner(member(4))).unwrap();
-    assert!(members.get(4).unwrap().is_learner);
+    assert!(members.get(MemberId(4)).unwrap().is_learner);
     c.start(4, Start::Join(Vec::new()));
     c.propose_many(l, "p1", 100);
     c.converge();
@@ -175,15 +175,15 @@ fn membership_changes_under_load() {
             .collect();
         fut
     };
-    let members = c.change(l, Change::Promote(4)).unwrap();
-    assert!(!members.get(4).unwrap().is_learner);
+    let members = c.change(l, Change::Promote(MemberId(4))).unwrap();
+    assert!(!members.get(MemberId(4)).unwrap().is_learner);
     for (i, f) in load.into_iter().enumerate() {
         if let Ok(idx) = c.rt.block_on(f) {
             c.acked.lock().push((format!("p2-{i}").into_bytes(), idx));
         }
     }
     assert!(matches!(
-        c.change(l, Change::Promote(4)),
+        c.change(l, Change::Promote(MemberId(4))),
         Err(Error::NotLearner)
     ));
     assert!(matches!(
@@ -192,8 +192,8 @@ fn membership_changes_under_load() {
     ));
     // Remove a member that is not the leader; its peers drop it.
     let gone = *c.ids.iter().find(|&&i| i != l && i != 4).unwrap();
-    let members = c.change(l, Change::Remove(gone)).unwrap();
-    assert!(members.get(gone).is_none());
+    let members = c.change(l, Change::Remove(MemberId(gone))).unwrap();
+    assert!(members.get(MemberId(gone)).is_none());
     wait_for("the removed member to learn it", 10, || {
         c.node(gone).status().removed
     });
@@ -204,7 +204,7 @@ fn membership_changes_under_load() {
     m4.peer_urls = vec!["http://127.0.0.1:9999".into()];
     let members = c.change(l, Change::Update(m4)).unwrap();
     assert_eq!(
-        members.get(4).unwrap().peer_urls,
+        members.get(MemberId(4)).unwrap().peer_urls,
         vec!["http://127.0.0.1:9999"]
     );
     c.propose_many(l, "p3", 100);
@@ -217,7 +217,10 @@ fn membership_changes_under_load() {
             "member {id} sees {ms:?}: {:?}",
             c.node(*id).status()
         );
-        assert_eq!(ms.get(4).unwrap().peer_urls, vec!["http://127.0.0.1:9999"]);
+        assert_eq!(
+            ms.get(MemberId(4)).unwrap().peer_urls,
+            vec!["http://127.0.0.1:9999"]
+        );
     }
     // The member list survives restarts (from snapshot files and the WAL).
     c.stop(4);
@@ -301,7 +304,7 @@ fn leadership_transfer_and_lossy_slow_network() {
     let c = Cluster::new(3, fast);
     let l = c.leader();
     let to = *c.ids.iter().find(|&&i| i != l).unwrap();
-    c.node(l).transfer_leader(to).unwrap();
+    c.node(l).transfer_leader(MemberId(to)).unwrap();
     wait_for("the transfer", 10, || {
         c.node(to).status().role == Role::Leader
     });
@@ -322,7 +325,7 @@ fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
     c.stop(1);
     // The data dir belongs to member 1 of CLUSTER_ID: another id or cluster is refused.
     let sm = harness::TestSm::open(&c.member_dir(1), false);
-    let cfg = Config::new(7, harness::CLUSTER_ID, c.member_dir(1));
+    let cfg = Config::new(MemberId(7), harness::CLUSTER_ID, c.member_dir(1));
     let t = NullTransport;
     let err = consensus::RaftNode::start(cfg, Start::Join(Vec::new()), sm, t).unwrap_err();
     assert!(err.to_string().contains("belongs to member 1"), "{err}");
@@ -330,8 +333,8 @@ fn a_stopped_node_answers_stopped_and_a_foreign_dir_is_refused() {
         matches!(
             err,
             consensus::Error::WrongMember {
-                found_member: 1,
-                member: 7,
+                found_member: MemberId(1),
+                member: MemberId(7),
                 ..
             }
         ),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use consensus::grpc::{GrpcTransport, PeerService};
-use consensus::{Config, Member, RaftNode, Role, Start};
+use consensus::{ClusterId, Config, Member, MemberId, RaftNode, Role, Start};
 use harness::{wait_for, SmState, TestSm};
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 struct Running {
     node: RaftNode<u64>,
     state: Arc<Mutex<SmState>>,
-    errors: Arc<Mutex<std::collections::HashMap<u64, String>>>,
+    errors: Arc<Mutex<std::collections::HashMap<MemberId, String>>>,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
@@ -46,7 +46,7 @@ impl Net {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.set_nonblocking(true).unwrap();
             members.push(Member {
-                id,
+                id: MemberId(id),
                 name: format!("m{id}"),
                 peer_urls: vec![format!("http://{}", l.local_addr().unwrap())],
                 ..Default::default()
@@ -70,28 +70,33 @@ impl Net {
     /// source port (a port `bind(0)` handed out and released could be).
     fn dead_url_first(mut self, id: u64) -> Net {
         let dead = test_support::free_port();
-        let m = self.members.iter_mut().find(|m| m.id == id).unwrap();
+        let m = self
+            .members
+            .iter_mut()
+            .find(|m| m.id == MemberId(id))
+            .unwrap();
         m.peer_urls.insert(0, format!("http://127.0.0.1:{dead}"));
         self
     }
 
-    fn start(&mut self, id: u64, cluster: u64, tune: fn(&mut Config)) -> Running {
-        let dir = self.dir.path().join(format!("m{id}"));
+    fn start(&mut self, n: u64, cluster: u64, tune: fn(&mut Config)) -> Running {
+        let (id, cluster) = (MemberId(n), ClusterId(cluster));
+        let dir = self.dir.path().join(format!("m{n}"));
         std::fs::create_dir_all(&dir).unwrap();
         let sm = TestSm::open(&dir, false);
         let state = sm.state.clone();
         let mut cfg = Config::new(id, cluster, &dir);
         tune(&mut cfg);
         let t = GrpcTransport::new(
-            cluster,
             id,
+            cluster,
             consensus::Dialer::plain(),
             self.rt.handle().clone(),
         );
         let errors = t.errors();
         let node = RaftNode::start(cfg, Start::NewCluster(self.members.clone()), sm, t).unwrap();
-        let svc = PeerService::new(cluster, id, node.inbox()).into_server();
-        let listener = self.listeners.remove(&id).unwrap();
+        let svc = PeerService::new(id, cluster, node.inbox()).into_server();
+        let listener = self.listeners.remove(&n).unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         self.rt.spawn(async move {
             let l = TcpListener::from_std(listener).unwrap();
@@ -158,10 +163,10 @@ fn member_3_catches_up_by_snapshot(mut net: Net) {
         }
     }
     wait_for("the leader to record why 3 is unreachable", 10, || {
-        ms[&l].errors.lock().contains_key(&3)
+        ms[&l].errors.lock().contains_key(&MemberId(3))
     });
     ms.insert(3, net.start(3, 7, tune));
-    let want = ms[&l].node.status().commit;
+    let want = ms[&l].node.status().commit.0;
     wait_for("member 3 to catch up by snapshot", 20, || {
         ms[&3].state.lock().applied >= want
     });
@@ -175,7 +180,7 @@ fn member_3_catches_up_by_snapshot(mut net: Net) {
     assert_eq!(logs[0].len(), 600);
     // The leader stops recording an error for 3 once the stream is up.
     wait_for("the leader's link to 3", 10, || {
-        !ms[&l].errors.lock().contains_key(&3)
+        !ms[&l].errors.lock().contains_key(&MemberId(3))
     });
     drop(ms);
 }
@@ -186,12 +191,16 @@ fn a_peer_from_another_cluster_is_refused_on_both_sides() {
     // Same member ids and URLs, different cluster ids (say, another --initial-cluster-token).
     let a = net.start(1, 0xaaaa, harness::fast);
     let b = net.start(2, 0xbbbb, harness::fast);
+    let refused = |m: &Running, peer: u64| {
+        let errors = m.errors.lock();
+        errors
+            .get(&MemberId(peer))
+            .is_some_and(|e| e.contains("cluster id mismatch"))
+    };
     wait_for("both sides to see the mismatch", 20, || {
-        let ea = a.errors.lock().get(&2).cloned().unwrap_or_default();
-        let eb = b.errors.lock().get(&1).cloned().unwrap_or_default();
-        ea.contains("cluster id mismatch") && eb.contains("cluster id mismatch")
+        refused(&a, 2) && refused(&b, 1)
     });
-    let e = a.errors.lock()[&2].clone();
+    let e = a.errors.lock()[&MemberId(2)].clone();
     assert!(e.contains("aaaa") && e.contains("bbbb"), "{e}");
     // Nothing crossed: no leader anywhere (each side needs the other's vote).
     std::thread::sleep(Duration::from_millis(300));

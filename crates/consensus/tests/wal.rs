@@ -4,6 +4,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use consensus::wal::{Error, Options, SnapshotMark, Wal};
+use consensus::RaftIndex;
 use raft::eraftpb::{Entry, HardState};
 
 fn entry(index: u64, term: u64) -> Entry {
@@ -54,7 +55,7 @@ fn what_was_saved_is_replayed_with_raft_overwrites() {
     assert_eq!(indexes(&rec.entries), want);
     assert_eq!(rec.entries[7].data, entry(8, 2).data);
     assert!(rec.repaired.is_none());
-    assert_eq!(w.last_index(), 8);
+    assert_eq!(w.last_index(), RaftIndex(8));
 }
 
 #[test]
@@ -68,18 +69,18 @@ fn segments_are_cut_and_purged_behind_a_snapshot() {
     let segs = w.segment_paths().len();
     assert!(segs > 3, "only {segs} segments");
     w.save_snapshot(SnapshotMark {
-        index: 1500,
+        index: RaftIndex(1500),
         term: 1,
     })
     .unwrap();
-    let purged = w.purge(1500, 1).unwrap();
+    let purged = w.purge(RaftIndex(1500), 1).unwrap();
     assert!(purged >= 1 && purged < segs, "purged {purged} of {segs}");
     drop(w);
     let (w, rec) = Wal::open(dir.path(), small()).unwrap();
     assert_eq!(
         rec.snapshot,
         SnapshotMark {
-            index: 1500,
+            index: RaftIndex(1500),
             term: 1
         }
     );

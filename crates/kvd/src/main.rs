@@ -107,7 +107,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         ))
     })?;
     let sec = p.security;
-    let transport = GrpcTransport::new(p.cluster_id, p.id, sec.dialer.clone(), rt.handle().clone());
+    let transport = GrpcTransport::new(p.id, p.cluster_id, sec.dialer.clone(), rt.handle().clone());
     let node = RaftNode::start(p.raft, p.start, sm, transport).map_err(|e| e.to_string())?;
     let inbox = node.inbox();
     let core = Core::new(
@@ -118,7 +118,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         p.auth,
         sec.dialer.clone(),
     );
-    tracing::info!(name = %p.name, member = %format!("{:x}", p.id), cluster = %format!("{:x}", p.cluster_id), "kvd started");
+    tracing::info!(name = %p.name, member = %p.id, cluster = %p.cluster_id, "kvd started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();
@@ -130,7 +130,7 @@ fn serve(f: ServeFlags) -> Result<()> {
         let weak = Arc::downgrade(&core);
         let members: consensus::grpc::MembersFn =
             Arc::new(move || weak.upgrade().map(|c| c.node.members()).unwrap_or_default());
-        let svc = PeerService::new(p.cluster_id, p.id, inbox.clone())
+        let svc = PeerService::new(p.id, p.cluster_id, inbox.clone())
             .with_members(members)
             .into_server();
         let routes = rpc::peer_services(&core).add_service(svc);
@@ -250,7 +250,8 @@ fn restore(f: &RestoreFlags) -> Result<()> {
     // applied index is reset to match.
     let peer_urls = config::urls(&f.initial_advertise_peer_urls);
     let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
-    let members = consensus::parse_initial_cluster(&initial, &f.initial_cluster_token)?;
+    let members = consensus::parse_initial_cluster(&initial, &f.initial_cluster_token)
+        .map_err(|e| e.to_string())?;
     if !members
         .iter()
         .any(|m| m.name == f.name && same_urls(&m.peer_urls, &peer_urls))

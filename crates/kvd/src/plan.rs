@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use consensus::{Member, Start};
+use ids::{ClusterId, MemberId};
 use rpc::ServerConfig;
 
 use crate::config::{self, ServeFlags};
@@ -18,8 +19,8 @@ type Result<T, E = String> = std::result::Result<T, E>;
 pub struct Plan {
     pub name: String,
     pub member_dir: PathBuf,
-    pub id: u64,
-    pub cluster_id: u64,
+    pub id: MemberId,
+    pub cluster_id: ClusterId,
     pub start: Start,
     /// `(host:port, https)` of `--listen-client-urls`, `--listen-client-http-urls`,
     /// `--listen-metrics-urls` and `--listen-peer-urls`.
@@ -179,12 +180,12 @@ pub fn same_urls(a: &[String], b: &[String]) -> bool {
 
 /// For a member joining a running cluster: asks the other members in `--initial-cluster` for
 /// the cluster's member list and finds this member (added beforehand with `member add`) in it
-/// by its peer URLs. Returns (cluster id, member id, the members).
+/// by its peer URLs. Returns this member's id, the cluster's and the members.
 fn find_self(
     dialer: &consensus::Dialer,
     initial: &[Member],
     peer_urls: &[String],
-) -> Result<(u64, u64, consensus::Members)> {
+) -> Result<(MemberId, ClusterId, consensus::Members)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -198,14 +199,14 @@ fn find_self(
         match rt.block_on(consensus::grpc::fetch_members(dialer, url)) {
             Ok((cluster_id, members)) => {
                 return match members.iter().find(|m| same_urls(&m.peer_urls, peer_urls)) {
-                    Some(me) => Ok((cluster_id, me.id, members.clone())),
+                    Some(me) => Ok((me.id, cluster_id, members.clone())),
                     None => Err(format!(
-                        "no member of cluster {cluster_id:x} has peer URLs {}: add this member first (etcdctl member add)",
+                        "no member of cluster {cluster_id} has peer URLs {}: add this member first (etcdctl member add)",
                         peer_urls.join(",")
                     )),
                 };
             }
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     Err(format!(
@@ -275,11 +276,11 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     let client_urls = config::urls(&f.advertise_client_urls);
     let token = &f.initial_cluster_token;
     let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
-    let members = consensus::parse_initial_cluster(&initial, token)?;
+    let members = consensus::parse_initial_cluster(&initial, token).map_err(|e| e.to_string())?;
     let existing = consensus::existing_member(&member_dir).map_err(|e| e.to_string())?;
     let (id, cluster_id, start) = match existing {
-        Some((cluster_id, id)) => {
-            tracing::info!(dir = %member_dir.display(), member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "restarting from the data directory");
+        Some((id, cluster_id)) => {
+            tracing::info!(dir = %member_dir.display(), member = %id, cluster = %cluster_id, "restarting from the data directory");
             (id, cluster_id, Start::Join(Vec::new()))
         }
         None => match f.initial_cluster_state.as_str() {
@@ -298,7 +299,7 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
                         peer_urls.join(",")
                     ));
                 }
-                let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+                let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
                 let cluster_id = consensus::cluster_id(&ids);
                 // Every member bootstraps the same list; each publishes its name and client
                 // URLs through raft once started, as etcd's do.
@@ -306,8 +307,8 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
                 (id, cluster_id, Start::NewCluster(members))
             }
             "existing" => {
-                let (cluster_id, id, running) = find_self(&security.dialer, &members, &peer_urls)?;
-                tracing::info!(member = %format!("{id:x}"), cluster = %format!("{cluster_id:x}"), "joining the running cluster");
+                let (id, cluster_id, running) = find_self(&security.dialer, &members, &peer_urls)?;
+                tracing::info!(member = %id, cluster = %cluster_id, "joining the running cluster");
                 (
                     id,
                     cluster_id,
@@ -348,7 +349,8 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     server.watch_progress_notify_interval = rpc::parse_duration(&f.watch_progress_notify_interval)
         .map_err(|e| format!("--watch-progress-notify-interval: {e}"))?;
     server.auto_compaction =
-        rpc::AutoCompaction::parse(&f.auto_compaction_mode, &f.auto_compaction_retention)?;
+        rpc::AutoCompaction::parse(&f.auto_compaction_mode, &f.auto_compaction_retention)
+            .map_err(|e| e.to_string())?;
     let every = rpc::parse_duration(&f.lease_checkpoint_interval)
         .map_err(|e| format!("--lease-checkpoint-interval: {e}"))?;
     if every.is_zero() {
@@ -383,7 +385,8 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
         peer_listen,
         security,
         auth: Arc::new(rpc::auth::Auth::new(
-            rpc::auth::Tokens::parse(&f.auth_token, Duration::from_secs(f.auth_token_ttl))?,
+            rpc::auth::Tokens::parse(&f.auth_token, Duration::from_secs(f.auth_token_ttl))
+                .map_err(|e| e.to_string())?,
             f.bcrypt_cost,
             f.client_cert_auth,
         )),

@@ -63,16 +63,18 @@ fn connect(f: &ProxyFlags, policy: &tls::Policy) -> Result<leasing_proxy::Connec
     let streams = dialer.clone();
     Ok(leasing_proxy::Connect {
         channel: Arc::new(move |url: &str| {
-            dialer.channel(url, |ep| {
-                let ep = ep.connect_timeout(dial_timeout).tcp_nodelay(true);
-                if keepalive.is_zero() {
-                    ep
-                } else {
-                    ep.http2_keep_alive_interval(keepalive)
-                        .keep_alive_timeout(keepalive_timeout)
-                        .keep_alive_while_idle(while_idle)
-                }
-            })
+            dialer
+                .channel(url, |ep| {
+                    let ep = ep.connect_timeout(dial_timeout).tcp_nodelay(true);
+                    if keepalive.is_zero() {
+                        ep
+                    } else {
+                        ep.http2_keep_alive_interval(keepalive)
+                            .keep_alive_timeout(keepalive_timeout)
+                            .keep_alive_while_idle(while_idle)
+                    }
+                })
+                .map_err(|e| e.to_string())
         }),
         dial: Arc::new(move |url: String| {
             let d = streams.clone();
@@ -201,7 +203,9 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
         let tls_on = server_tls.is_some();
         let listen = listen::bind(&[(f.listen_addr.clone(), tls_on)], "--listen-addr").await?;
         let metrics = listen::bind(&metrics_listen, "--metrics-addr").await?;
-        let proxy = leasing_proxy::Proxy::start(cfg.clone(), connect).await?;
+        let proxy = leasing_proxy::Proxy::start(cfg.clone(), connect)
+            .await
+            .map_err(|e| e.to_string())?;
         let http2 = Arc::new(grpc_wire::Config {
             guard: proxy.metrics().client_guard.clone(),
             ..http2

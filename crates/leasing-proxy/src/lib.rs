@@ -18,7 +18,7 @@
 //! | `kv`, `watch`, `forward`, `http` | the services clients see |
 //!
 //! ```no_run
-//! # async fn example(connect: leasing_proxy::Connect) -> Result<(), String> {
+//! # async fn example(connect: leasing_proxy::Connect) -> Result<(), leasing_proxy::StartError> {
 //! let cfg = leasing_proxy::Config {
 //!     endpoints: vec!["http://127.0.0.1:2379".into()],
 //!     leasing: Some(leasing_proxy::LeasingOptions {
@@ -135,10 +135,28 @@ pub struct Proxy {
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
+/// Why the proxy would not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    #[error("--endpoints: no endpoint given")]
+    NoEndpoints,
+    #[error("--endpoints {endpoint}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    #[error("--experimental-leasing-prefix: empty")]
+    EmptyPrefix,
+    #[error("--leasing-shared: cannot check the leasing prefix for etcd-style holders: {0}")]
+    SharedCheck(String),
+    #[error(
+        "--leasing-shared: an etcd proxy holds a leasing key on the prefix ({0:?}): etcd's \
+         leasing proxies do not respect shared leases; stop them (or use another prefix)"
+    )]
+    EtcdHolder(String),
+}
+
 impl Proxy {
     /// Starts the proxy's own work (the leasing session and its watches), inside a tokio
     /// runtime. Only `--leasing-shared` asks the cluster anything before it returns.
-    pub async fn start(cfg: Config, connect: Connect) -> Result<Proxy, String> {
+    pub async fn start(cfg: Config, connect: Connect) -> Result<Proxy, StartError> {
         let up = Arc::new(Upstream::new(
             &cfg.endpoints,
             &connect,
@@ -157,7 +175,7 @@ impl Proxy {
             None => (None, None),
             Some(opts) => {
                 if opts.prefix.is_empty() {
-                    return Err("--experimental-leasing-prefix: empty".into());
+                    return Err(StartError::EmptyPrefix);
                 }
                 if opts.shared {
                     check_shared_prefix(&calls, &opts.prefix, cfg.dial_timeout).await?;
@@ -251,7 +269,11 @@ impl Proxy {
 
 /// `--leasing-shared` refuses to start beside an etcd proxy's leasing key (etcd's writers do
 /// not respect shared leases: see `leasing/keys.rs`).
-async fn check_shared_prefix(calls: &Calls, prefix: &[u8], wait: Duration) -> Result<(), String> {
+async fn check_shared_prefix(
+    calls: &Calls,
+    prefix: &[u8],
+    wait: Duration,
+) -> Result<(), StartError> {
     let until = tokio::time::Instant::now() + wait;
     let mut key = prefix.to_vec();
     let end = namespace::prefix_end(prefix);
@@ -269,21 +291,15 @@ async fn check_shared_prefix(calls: &Calls, prefix: &[u8], wait: Duration) -> Re
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
-            Err(s) => {
-                return Err(format!(
-                    "--leasing-shared: cannot check the leasing prefix for etcd-style holders: {}",
-                    s.message()
-                ))
-            }
+            Err(s) => return Err(StartError::SharedCheck(s.message().to_string())),
         };
         if let Some(kv) = resp
             .kvs
             .iter()
             .find(|kv| leasing::LeasingKeys::is_etcd_holder(&kv.value))
         {
-            return Err(format!(
-                "--leasing-shared: an etcd proxy holds a leasing key on the prefix ({:?}): etcd's leasing proxies do not respect shared leases; stop them (or use another prefix)",
-                String::from_utf8_lossy(&kv.key)
+            return Err(StartError::EtcdHolder(
+                String::from_utf8_lossy(&kv.key).into_owned(),
             ));
         }
         match resp.kvs.last() {

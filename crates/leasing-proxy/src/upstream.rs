@@ -63,15 +63,21 @@ impl Upstream {
         connect: &Connect,
         dial_timeout: Duration,
         max_recv: usize,
-    ) -> Result<Upstream, String> {
+    ) -> Result<Upstream, crate::StartError> {
         if endpoints.is_empty() {
-            return Err("--endpoints: no endpoint given".into());
+            return Err(crate::StartError::NoEndpoints);
         }
         let h2 = H2Calls::new(endpoints, connect.dial.clone(), dial_timeout, max_recv);
         let endpoints = endpoints
             .iter()
-            .map(|e| Ok((e.clone(), (connect.channel)(e)?)))
-            .collect::<Result<Vec<_>, String>>()?;
+            .map(|e| {
+                let ch = (connect.channel)(e).map_err(|reason| crate::StartError::Endpoint {
+                    endpoint: e.clone(),
+                    reason,
+                })?;
+                Ok((e.clone(), ch))
+            })
+            .collect::<Result<Vec<_>, crate::StartError>>()?;
         Ok(Upstream {
             h2,
             endpoints,

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use api::etcdserverpb::AlarmMember;
+use ids::MemberId;
 use prost::Message;
 
 use crate::error::{Error, Result};
@@ -15,21 +16,21 @@ use crate::store::{Store, Writer, ALARM_BUCKET};
 /// The alarms raised, and the changes not yet flushed (true = raised).
 #[derive(Debug, Default)]
 pub(crate) struct AlarmSet {
-    pub(crate) raised: BTreeSet<(u64, i32)>,
-    pub(crate) dirty: BTreeMap<(u64, i32), bool>,
+    pub(crate) raised: BTreeSet<(MemberId, i32)>,
+    pub(crate) dirty: BTreeMap<(MemberId, i32), bool>,
 }
 
 /// The bucket key of an alarm: etcd's, the encoded `AlarmMember`.
-pub(crate) fn key(member: u64, alarm: i32) -> Vec<u8> {
+pub(crate) fn key(member: MemberId, alarm: i32) -> Vec<u8> {
     AlarmMember {
-        member_id: member,
+        member_id: member.0,
         alarm,
     }
     .encode_to_vec()
 }
 
 /// The alarms stored in the `alarm` bucket.
-pub(crate) fn restore(db: &pager::Db, path: &Path) -> Result<BTreeSet<(u64, i32)>> {
+pub(crate) fn restore(db: &pager::Db, path: &Path) -> Result<BTreeSet<(MemberId, i32)>> {
     let tx = db.begin_read()?;
     let mut raised = BTreeSet::new();
     for e in tx.bucket(ALARM_BUCKET)?.iter() {
@@ -38,14 +39,14 @@ pub(crate) fn restore(db: &pager::Db, path: &Path) -> Result<BTreeSet<(u64, i32)
             path: path.display().to_string(),
             reason: format!("alarm bucket key {k:?} is not an alarm: {e}"),
         })?;
-        raised.insert((a.member_id, a.alarm));
+        raised.insert((MemberId(a.member_id), a.alarm));
     }
     Ok(raised)
 }
 
 impl Writer<'_> {
     /// Raises (`active`) or clears alarm `alarm` of `member`; whether that changed anything.
-    pub fn alarm(&mut self, member: u64, alarm: i32, active: bool) -> bool {
+    pub fn alarm(&mut self, member: MemberId, alarm: i32, active: bool) -> bool {
         let mut a = self.inner().alarms.lock();
         let changed = if active {
             a.raised.insert((member, alarm))
@@ -61,7 +62,7 @@ impl Writer<'_> {
 
 impl Store {
     /// The alarms raised: (member, alarm type), in order.
-    pub fn alarms(&self) -> Vec<(u64, i32)> {
+    pub fn alarms(&self) -> Vec<(MemberId, i32)> {
         self.inner.alarms.lock().raised.iter().copied().collect()
     }
 

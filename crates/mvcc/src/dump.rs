@@ -261,6 +261,7 @@ fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()>
 mod tests {
     use super::*;
     use api::etcdserverpb::{PutRequest, RangeRequest};
+    use ids::Revision;
 
     #[test]
     fn a_dump_spans_refills_and_restores_every_revision() {
@@ -295,8 +296,8 @@ mod tests {
         let b = restored.read().unwrap().range(&all).unwrap();
         assert_eq!(a.kvs, b.kvs);
         assert_eq!(
-            restored.hash_kv(0).unwrap().hash,
-            src.hash_kv(0).unwrap().hash
+            restored.hash_kv(Revision(0)).unwrap().hash,
+            src.hash_kv(Revision(0)).unwrap().hash
         );
 
         let mut wrong_tag = bytes.clone();

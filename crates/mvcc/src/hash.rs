@@ -1,6 +1,8 @@
 //! HashKV: a CRC-32C over the stored history up to a revision, computed exactly as etcd does, so
 //! members (and a kvd member next to an etcd one) holding the same history agree.
 
+use ids::Revision;
+
 use crate::error::{Error, Result};
 use crate::store::{Store, KEY_BUCKET};
 
@@ -9,19 +11,20 @@ use crate::store::{Store, KEY_BUCKET};
 pub struct KvHash {
     pub hash: u32,
     /// The compaction revision the hash starts after.
-    pub compact_revision: i64,
+    pub compact_revision: Revision,
     /// The revision the hash covers up to.
-    pub hash_revision: i64,
+    pub hash_revision: Revision,
     /// The store's current revision.
-    pub current: i64,
+    pub current: Revision,
 }
 
 impl Store {
     /// Hashes the history up to `rev` (0 = the current revision): every stored revision in
     /// (compacted, rev], plus those at or below the compaction revision that compaction keeps.
-    pub fn hash_kv(&self, rev: i64) -> Result<KvHash> {
+    pub fn hash_kv(&self, rev: Revision) -> Result<KvHash> {
+        let rev = rev.0;
         let snap = self.read()?;
-        let current = snap.rev();
+        let current = snap.rev().0;
         let (compacted, keep, kept, rev) = {
             let ix = self.inner.index.read();
             let compacted = ix.compacted();
@@ -56,9 +59,9 @@ impl Store {
             })?;
         Ok(KvHash {
             hash: h,
-            compact_revision: compacted,
-            hash_revision: rev,
-            current,
+            compact_revision: Revision(compacted),
+            hash_revision: Revision(rev),
+            current: Revision(current),
         })
     }
 }

@@ -198,12 +198,9 @@ impl Index {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.tree.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tree.is_empty()
     }
 
     pub fn compacted(&self) -> i64 {
@@ -214,10 +211,12 @@ impl Index {
         self.compacted = self.compacted.max(rev);
     }
 
+    #[cfg(test)]
     pub fn get(&self, key: &[u8], at: i64) -> Option<Visible> {
         self.tree.get(key)?.get(at)
     }
 
+    #[cfg(test)]
     pub fn put(&mut self, key: &[u8], rev: Rev) {
         self.put_after(key, rev, rev.main);
     }

@@ -8,6 +8,7 @@ use api::etcdserverpb::{
     PutResponse, RangeRequest, RangeResponse, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
 use api::mvccpb::{event::EventType, Event, KeyValue};
+use ids::{LeaseId, Revision};
 
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
@@ -216,7 +217,7 @@ impl View for TxnWrite<'_, '_> {
     }
 
     fn lease_exists(&self, id: i64) -> bool {
-        self.w.inner().lessor.lock().contains(id)
+        self.w.inner().lessor.lock().contains(LeaseId(id))
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], lease: i64) -> Result<i64> {
@@ -237,7 +238,7 @@ impl View for TxnWrite<'_, '_> {
         let mut lessor = self.w.inner().lessor.lock();
         lessor.detach(key);
         if lease != 0 {
-            lessor.attach(lease, key);
+            lessor.attach(LeaseId(lease), key);
         }
         drop(lessor);
         if self.collect {
@@ -288,7 +289,7 @@ pub(crate) fn range(v: &mut impl View, r: &RangeRequest) -> Result<RangeResponse
     }
     let ro = RangeOptions {
         limit,
-        rev: r.revision,
+        rev: Revision(r.revision),
         count: r.count_only,
     };
     let mut rr = v.range(KeyRange::new(&r.key, &r.range_end), ro)?;
@@ -338,7 +339,7 @@ pub(crate) fn range(v: &mut impl View, r: &RangeRequest) -> Result<RangeResponse
         }
     }
     Ok(RangeResponse {
-        header: header(rr.rev),
+        header: header(rr.rev.0),
         kvs: rr.kvs,
         more,
         count: rr.count,
@@ -598,7 +599,7 @@ impl Writer<'_> {
     /// Put (etcd's `KV/Put` apply).
     pub fn put(&mut self, p: &PutRequest) -> Result<PutResponse> {
         validate::check_put(p)?;
-        if p.lease != 0 && !self.inner().lessor.lock().contains(p.lease) {
+        if p.lease != 0 && !self.inner().lessor.lock().contains(LeaseId(p.lease)) {
             return Err(Error::LeaseNotFound);
         }
         self.in_txn(|tw| put(tw, p))

@@ -14,6 +14,8 @@ use api::etcdserverpb::{
     LeaseTimeToLiveResponse,
 };
 
+use ids::LeaseId;
+
 use crate::error::{Error, Result};
 use crate::kv::header;
 use crate::store::{Store, Writer};
@@ -75,12 +77,12 @@ impl Lease {
 /// The leases and the key → lease attachments.
 #[derive(Debug, Default)]
 pub(crate) struct Lessor {
-    pub(crate) leases: BTreeMap<i64, Lease>,
-    key_lease: HashMap<Vec<u8>, i64>,
+    pub(crate) leases: BTreeMap<LeaseId, Lease>,
+    key_lease: HashMap<Vec<u8>, LeaseId>,
     /// Whether this member runs expiry clocks.
     primary: bool,
     /// Leases granted, changed or revoked since the last flush (None = revoked).
-    pub(crate) dirty: BTreeMap<i64, Option<[u8; 16]>>,
+    pub(crate) dirty: BTreeMap<LeaseId, Option<[u8; 16]>>,
     /// The smallest TTL a grant gets (etcd: 1.5 election timeouts, rounded up; 2 s by default).
     pub(crate) min_ttl: i64,
 }
@@ -93,11 +95,11 @@ impl Lessor {
         }
     }
 
-    pub(crate) fn contains(&self, id: i64) -> bool {
+    pub(crate) fn contains(&self, id: LeaseId) -> bool {
         self.leases.contains_key(&id)
     }
 
-    pub(crate) fn attach(&mut self, id: i64, key: &[u8]) {
+    pub(crate) fn attach(&mut self, id: LeaseId, key: &[u8]) {
         if let Some(l) = self.leases.get_mut(&id) {
             l.keys.insert(key.to_vec());
             self.key_lease.insert(key.to_vec(), id);
@@ -117,12 +119,12 @@ impl Lessor {
     }
 
     /// Restores a persisted lease at open.
-    pub(crate) fn restore(&mut self, id: i64, lease: Lease) {
+    pub(crate) fn restore(&mut self, id: LeaseId, lease: Lease) {
         self.leases.insert(id, lease);
     }
 }
 
-fn lease_keys(le: &Lessor, id: i64) -> Option<Vec<Vec<u8>>> {
+fn lease_keys(le: &Lessor, id: LeaseId) -> Option<Vec<Vec<u8>>> {
     let mut keys: Vec<Vec<u8>> = le.leases.get(&id)?.keys.iter().cloned().collect();
     keys.sort();
     Some(keys)
@@ -130,14 +132,14 @@ fn lease_keys(le: &Lessor, id: i64) -> Option<Vec<Vec<u8>>> {
 
 impl Writer<'_> {
     /// The keys attached to lease `id` as this writer left them (None: no such lease).
-    pub fn lease_keys(&self, id: i64) -> Option<Vec<Vec<u8>>> {
+    pub fn lease_keys(&self, id: LeaseId) -> Option<Vec<Vec<u8>>> {
         lease_keys(&self.inner().lessor.lock(), id)
     }
 
     /// LeaseGrant: `id` is chosen by the proposer (nonzero); a TTL below the minimum is raised
     /// to it.
-    pub fn lease_grant(&mut self, id: i64, ttl: i64) -> Result<LeaseGrantResponse> {
-        if id == 0 {
+    pub fn lease_grant(&mut self, id: LeaseId, ttl: i64) -> Result<LeaseGrantResponse> {
+        if id == LeaseId::NONE {
             return Err(Error::LeaseNotFound);
         }
         if ttl > MAX_LEASE_TTL {
@@ -160,14 +162,14 @@ impl Writer<'_> {
         le.leases.insert(id, lease);
         Ok(LeaseGrantResponse {
             header: header(rev),
-            id,
+            id: id.0,
             ttl,
             error: String::new(),
         })
     }
 
     /// LeaseRevoke: deletes every key attached to the lease in one revision, then the lease.
-    pub fn lease_revoke(&mut self, id: i64) -> Result<LeaseRevokeResponse> {
+    pub fn lease_revoke(&mut self, id: LeaseId) -> Result<LeaseRevokeResponse> {
         let mut keys: Vec<Vec<u8>> = {
             let le = self.inner().lessor.lock();
             let lease = le.leases.get(&id).ok_or(Error::LeaseNotFound)?;
@@ -193,7 +195,7 @@ impl Writer<'_> {
 
     /// LeaseCheckpoint: records a lease's remaining TTL so a new primary does not restart it
     /// from the full TTL.
-    pub fn lease_checkpoint(&mut self, id: i64, remaining: i64) -> Result<()> {
+    pub fn lease_checkpoint(&mut self, id: LeaseId, remaining: i64) -> Result<()> {
         let mut le = self.inner().lessor.lock();
         let lease = le.leases.get_mut(&id).ok_or(Error::LeaseNotFound)?;
         lease.remaining = remaining;
@@ -207,7 +209,7 @@ impl Store {
     /// LeaseKeepAlive on the primary: restarts the lease's clock. A lease with a checkpointed
     /// remaining TTL restarts from its full TTL here at once; the server clears the checkpoint
     /// on every member through consensus (`Renewed::checkpointed`), as etcd does.
-    pub fn lease_renew(&self, id: i64, now: Instant) -> Result<Renewed> {
+    pub fn lease_renew(&self, id: LeaseId, now: Instant) -> Result<Renewed> {
         let mut le = self.inner.lessor.lock();
         let primary = le.primary;
         let lease = le.leases.get_mut(&id).ok_or(Error::LeaseNotFound)?;
@@ -227,13 +229,18 @@ impl Store {
 
     /// LeaseTimeToLive: remaining and granted TTL, and the keys when asked; TTL -1 for a lease
     /// that does not exist (etcd answers so rather than failing).
-    pub fn lease_time_to_live(&self, id: i64, keys: bool, now: Instant) -> LeaseTimeToLiveResponse {
-        let rev = self.rev();
+    pub fn lease_time_to_live(
+        &self,
+        id: LeaseId,
+        keys: bool,
+        now: Instant,
+    ) -> LeaseTimeToLiveResponse {
+        let rev = self.rev().0;
         let le = self.inner.lessor.lock();
         let Some(lease) = le.leases.get(&id) else {
             return LeaseTimeToLiveResponse {
                 header: header(rev),
-                id,
+                id: id.0,
                 ttl: -1,
                 ..Default::default()
             };
@@ -251,7 +258,7 @@ impl Store {
         ks.sort();
         LeaseTimeToLiveResponse {
             header: header(rev),
-            id,
+            id: id.0,
             ttl,
             granted_ttl: lease.ttl,
             keys: ks,
@@ -259,15 +266,19 @@ impl Store {
     }
 
     /// The keys attached to lease `id`, sorted (None: no such lease).
-    pub fn lease_keys(&self, id: i64) -> Option<Vec<Vec<u8>>> {
+    pub fn lease_keys(&self, id: LeaseId) -> Option<Vec<Vec<u8>>> {
         lease_keys(&self.inner.lessor.lock(), id)
     }
 
     /// LeaseLeases: every lease id.
     pub fn leases(&self) -> LeaseLeasesResponse {
-        let rev = self.rev();
+        let rev = self.rev().0;
         let le = self.inner.lessor.lock();
-        let leases = le.leases.keys().map(|&id| LeaseStatus { id }).collect();
+        let leases = le
+            .leases
+            .keys()
+            .map(|id| LeaseStatus { id: id.0 })
+            .collect();
         LeaseLeasesResponse {
             header: header(rev),
             leases,
@@ -276,7 +287,7 @@ impl Store {
 
     /// Up to `limit` leases whose clock ran out by `now` (primary only): the server proposes
     /// their revocation.
-    pub fn expired_leases(&self, now: Instant, limit: usize) -> Vec<i64> {
+    pub fn expired_leases(&self, now: Instant, limit: usize) -> Vec<LeaseId> {
         let le = self.inner.lessor.lock();
         if !le.primary {
             return Vec::new();
@@ -309,7 +320,7 @@ impl Store {
     }
 
     /// The remaining TTL of each lease with a running clock, for checkpoints.
-    pub fn lease_remaining(&self, now: Instant) -> Vec<(i64, i64)> {
+    pub fn lease_remaining(&self, now: Instant) -> Vec<(LeaseId, i64)> {
         let le = self.inner.lessor.lock();
         le.leases
             .iter()

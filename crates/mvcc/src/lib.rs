@@ -24,7 +24,7 @@ mod downgrade;
 pub mod dump;
 mod error;
 mod hash;
-pub mod index;
+mod index;
 mod kv;
 pub mod lease;
 pub mod revision;

@@ -4,6 +4,7 @@ use api::etcdserverpb::{
     compare, request_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp,
     TxnRequest,
 };
+use ids::{MemberId, RaftIndex, Revision};
 use mvcc::{Applied, Error, Store, StoreOptions};
 
 fn put(k: &str, v: &str) -> PutRequest {
@@ -60,33 +61,33 @@ fn hash_kv_equals_etcds() {
     };
     w.txn(&t).unwrap();
     drop(w);
-    let h = store.hash_kv(0).unwrap();
+    let h = store.hash_kv(Revision(0)).unwrap();
     assert_eq!(
-        (h.hash, h.compact_revision, h.hash_revision, h.current),
+        (h.hash, h.compact_revision.0, h.hash_revision.0, h.current.0),
         (1848509990, -1, 6, 6)
     );
-    assert_eq!(store.hash_kv(3).unwrap().hash, 1827592406);
+    assert_eq!(store.hash_kv(Revision(3)).unwrap().hash, 1827592406);
 
-    store.write().unwrap().compact(4).unwrap();
-    assert_eq!(store.hash_kv(0).unwrap().hash, 3235463707);
-    store.wait_compaction(4).unwrap();
+    store.write().unwrap().compact(Revision(4)).unwrap();
+    assert_eq!(store.hash_kv(Revision(0)).unwrap().hash, 3235463707);
+    store.wait_compaction(Revision(4)).unwrap();
     assert_eq!(
-        store.hash_kv(0).unwrap().hash,
+        store.hash_kv(Revision(0)).unwrap().hash,
         3235463707,
         "physical compaction changes nothing"
     );
 
     let mut w = store.write().unwrap();
     w.put(&put("a", "4")).unwrap();
-    w.compact(5).unwrap();
+    w.compact(Revision(5)).unwrap();
     drop(w);
-    let h = store.hash_kv(0).unwrap();
+    let h = store.hash_kv(Revision(0)).unwrap();
     assert_eq!(
-        (h.hash, h.compact_revision, h.hash_revision),
+        (h.hash, h.compact_revision.0, h.hash_revision.0),
         (440101006, 5, 7)
     );
-    assert!(matches!(store.hash_kv(4), Err(Error::Compacted)));
-    assert!(matches!(store.hash_kv(8), Err(Error::FutureRev)));
+    assert!(matches!(store.hash_kv(Revision(4)), Err(Error::Compacted)));
+    assert!(matches!(store.hash_kv(Revision(8)), Err(Error::FutureRev)));
 }
 
 #[test]
@@ -95,7 +96,7 @@ fn bad_input_gets_etcds_errors_and_changes_nothing() {
     let store = open(&dir);
     store.write().unwrap().put(&put("a", "1")).unwrap();
     store.write().unwrap().put(&put("c", "3")).unwrap();
-    let before = store.hash_kv(0).unwrap();
+    let before = store.hash_kv(Revision(0)).unwrap();
     let mut w = store.write().unwrap();
     assert!(matches!(w.put(&put("", "x")), Err(Error::EmptyKey)));
     assert!(matches!(w.range(&get("")), Err(Error::EmptyKey)));
@@ -165,13 +166,17 @@ fn bad_input_gets_etcds_errors_and_changes_nothing() {
         Err(Error::FutureRev)
     ));
     assert!(matches!(
-        store.write().unwrap().compact(9),
+        store.write().unwrap().compact(Revision(9)),
         Err(Error::FutureRev)
     ));
-    assert_eq!(store.hash_kv(0).unwrap(), before, "nothing changed");
-    store.write().unwrap().compact(3).unwrap();
+    assert_eq!(
+        store.hash_kv(Revision(0)).unwrap(),
+        before,
+        "nothing changed"
+    );
+    store.write().unwrap().compact(Revision(3)).unwrap();
     assert!(matches!(
-        store.write().unwrap().compact(3),
+        store.write().unwrap().compact(Revision(3)),
         Err(Error::Compacted)
     ));
     let mut snap = store.read().unwrap();
@@ -242,21 +247,30 @@ fn restart_preserves_history_compaction_and_applied_index() {
             .unwrap();
         }
     }
-    w.compact(20).unwrap();
-    w.set_applied(Applied { index: 77, term: 3 });
+    w.compact(Revision(20)).unwrap();
+    w.set_applied(Applied {
+        index: RaftIndex(77),
+        term: 3,
+    });
     drop(w);
-    let rev = store.rev();
+    let rev = store.rev().0;
     let reads: Vec<_> = (20..=rev)
         .map(|r| store.read().unwrap().range(&all_at(r)).unwrap())
         .collect();
-    let hash = store.hash_kv(0).unwrap();
+    let hash = store.hash_kv(Revision(0)).unwrap();
     store.close().unwrap();
 
     let store = open(&dir);
-    assert_eq!(store.rev(), rev);
-    assert_eq!(store.compacted(), 20);
-    assert_eq!(store.applied(), Applied { index: 77, term: 3 });
-    assert_eq!(store.hash_kv(0).unwrap(), hash);
+    assert_eq!(store.rev().0, rev);
+    assert_eq!(store.compacted(), Revision(20));
+    assert_eq!(
+        store.applied(),
+        Applied {
+            index: RaftIndex(77),
+            term: 3
+        }
+    );
+    assert_eq!(store.hash_kv(Revision(0)).unwrap(), hash);
     for (r, want) in (20..=rev).zip(reads) {
         assert_eq!(
             store.read().unwrap().range(&all_at(r)).unwrap(),
@@ -286,14 +300,14 @@ fn interrupted_compaction_resumes() {
         w.put(&put(&format!("k{}", i % 10), &i.to_string()))
             .unwrap();
     }
-    w.compact(150).unwrap();
+    w.compact(Revision(150)).unwrap();
     drop(w);
     let want: Vec<_> = (150..=201)
         .map(|r| store.read().unwrap().range(&all_at(r)).unwrap())
         .collect();
     store.close().unwrap(); // one flush: the compaction is scheduled, one step done at most
     let store = Store::open(&path, opts).unwrap();
-    store.wait_compaction(150).unwrap();
+    store.wait_compaction(Revision(150)).unwrap();
     store.flush().unwrap();
     for (r, want) in (150..=201).zip(want) {
         assert_eq!(
@@ -302,12 +316,12 @@ fn interrupted_compaction_resumes() {
             "revision {r}"
         );
     }
-    let hash = store.hash_kv(0).unwrap();
+    let hash = store.hash_kv(Revision(0)).unwrap();
     store.close().unwrap();
     // After a reopen the index is rebuilt from what physical compaction left: 10 kept
     // revisions at or below 150 plus the 51 after it.
     let store = Store::open(&path, StoreOptions::default()).unwrap();
-    assert_eq!(store.hash_kv(0).unwrap(), hash);
+    assert_eq!(store.hash_kv(Revision(0)).unwrap(), hash);
     let mut n = 0;
     store.read().unwrap().for_each_revision(|_| n += 1).unwrap();
     assert_eq!(n, 10 + 51);
@@ -346,15 +360,19 @@ fn hash_kv_right_after_compaction_equals_etcds() {
     w.put(&put("zed", "new")).unwrap();
     w.delete_range(&del("zed", "")).unwrap();
     drop(w);
-    assert_eq!(store.rev(), 11);
-    store.write().unwrap().compact(3).unwrap();
+    assert_eq!(store.rev(), Revision(11));
+    store.write().unwrap().compact(Revision(3)).unwrap();
     assert_eq!(
-        store.hash_kv(0).unwrap().hash,
+        store.hash_kv(Revision(0)).unwrap().hash,
         4172735989,
         "before the compaction ran"
     );
-    store.wait_compaction(3).unwrap();
-    assert_eq!(store.hash_kv(0).unwrap().hash, 4172735989, "after it ran");
+    store.wait_compaction(Revision(3)).unwrap();
+    assert_eq!(
+        store.hash_kv(Revision(0)).unwrap().hash,
+        4172735989,
+        "after it ran"
+    );
 }
 
 /// Defragmentation shrinks the file while a reader holds an older view and a writer keeps
@@ -380,14 +398,14 @@ fn defragment_shrinks_the_file_while_reads_and_writes_go_on() {
             }
         }
         // 3000 puts and 2700 deletes after revision 1: compact all of it.
-        w.compact(5701).unwrap();
+        w.compact(Revision(5701)).unwrap();
     }
     store.sync().unwrap();
-    store.wait_compaction(5701).unwrap();
+    store.wait_compaction(Revision(5701)).unwrap();
     store.sync().unwrap();
-    let rev = store.rev();
+    let rev = store.rev().0;
     let before_reads = store.read().unwrap().range(&all_at(rev)).unwrap().kvs;
-    let hash = store.hash_kv(rev).unwrap();
+    let hash = store.hash_kv(Revision(rev)).unwrap();
     let mut held = store.read().unwrap();
 
     let writer = {
@@ -414,7 +432,7 @@ fn defragment_shrinks_the_file_while_reads_and_writes_go_on() {
     assert!(held.range(&all_at(rev)).unwrap().kvs == before_reads);
     drop(held);
     assert!(store.read().unwrap().range(&all_at(rev)).unwrap().kvs == before_reads);
-    assert_eq!(store.hash_kv(rev).unwrap().hash, hash.hash);
+    assert_eq!(store.hash_kv(Revision(rev)).unwrap().hash, hash.hash);
     let during = RangeRequest {
         key: "during".into(),
         range_end: "durinh".into(),
@@ -423,14 +441,14 @@ fn defragment_shrinks_the_file_while_reads_and_writes_go_on() {
     };
     assert_eq!(store.read().unwrap().range(&during).unwrap().count, 500);
     store.sync().unwrap();
-    let after_rev = store.rev();
+    let after_rev = store.rev().0;
     let all = store.read().unwrap().range(&all_at(after_rev)).unwrap().kvs;
     drop(store);
 
     let store = open(&dir);
-    assert_eq!(store.rev(), after_rev);
+    assert_eq!(store.rev().0, after_rev);
     assert!(store.read().unwrap().range(&all_at(after_rev)).unwrap().kvs == all);
-    assert_eq!(store.hash_kv(rev).unwrap().hash, hash.hash);
+    assert_eq!(store.hash_kv(Revision(rev)).unwrap().hash, hash.hash);
     assert!(!dir.path().join("db.defrag").exists());
 }
 
@@ -442,17 +460,17 @@ fn alarms_survive_reopen() {
     let store = open(&dir);
     {
         let mut w = store.write().unwrap();
-        assert!(w.alarm(7, 1, true));
-        assert!(!w.alarm(7, 1, true), "already raised");
-        assert!(w.alarm(9, 2, true));
-        assert!(!w.alarm(9, 1, false), "never raised");
+        assert!(w.alarm(MemberId(7), 1, true));
+        assert!(!w.alarm(MemberId(7), 1, true), "already raised");
+        assert!(w.alarm(MemberId(9), 2, true));
+        assert!(!w.alarm(MemberId(9), 1, false), "never raised");
     }
     store.close().unwrap();
     let store = open(&dir);
-    assert_eq!(store.alarms(), [(7, 1), (9, 2)]);
-    assert!(store.write().unwrap().alarm(7, 1, false));
+    assert_eq!(store.alarms(), [(MemberId(7), 1), (MemberId(9), 2)]);
+    assert!(store.write().unwrap().alarm(MemberId(7), 1, false));
     store.close().unwrap();
-    assert_eq!(open(&dir).alarms(), [(9, 2)]);
+    assert_eq!(open(&dir).alarms(), [(MemberId(9), 2)]);
 }
 
 /// Found by the `store_model` fuzz target: a txn deletes a range holding key `d` and puts `d`
@@ -489,7 +507,7 @@ fn a_key_deleted_and_put_again_in_one_txn_survives_compaction_at_that_revision()
         failure: vec![],
     })
     .unwrap();
-    w.compact(3).unwrap();
+    w.compact(Revision(3)).unwrap();
     for _ in 0..30 {
         w.put(&put("a", "")).unwrap();
     }
@@ -503,7 +521,7 @@ fn a_key_deleted_and_put_again_in_one_txn_survives_compaction_at_that_revision()
             r.kvs[0].version,
         )
     };
-    store.wait_compaction(3).unwrap();
+    store.wait_compaction(Revision(3)).unwrap();
     store.flush().unwrap();
     assert_eq!(read(&store), (b"new".to_vec(), 3, 1));
     let at3 = store.read().unwrap().range(&all_at(3)).unwrap();

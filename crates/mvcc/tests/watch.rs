@@ -13,6 +13,7 @@ use api::etcdserverpb::{
     request_op, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest, WatchCreateRequest,
 };
 use api::mvccpb::{event::EventType, Event, KeyValue};
+use ids::Revision;
 use mvcc::{Error, Store, StoreOptions, WatchResponse, WatchStream};
 use proptest::prelude::*;
 
@@ -306,12 +307,12 @@ fn a_watcher_behind_the_compaction_is_cancelled_with_its_revision() {
     for i in 0..10u8 {
         store.write().unwrap().put(&put(b"k", &[i])).unwrap();
     }
-    store.write().unwrap().compact(6).unwrap();
+    store.write().unwrap().compact(Revision(6)).unwrap();
     let s = store.watch_stream();
     let old = s.watch(&watch(b"k", b"", 5)).unwrap();
     let r = s.recv_timeout(WAIT).expect("a compaction response");
     assert_eq!(
-        (r.watch_id, r.compact_revision, r.events.len()),
+        (r.watch_id, r.compact_revision.0, r.events.len()),
         (old, 6, 0)
     );
     // At the compaction revision itself the history is still there.
@@ -384,13 +385,13 @@ fn progress_notifications_only_when_synced() {
         r,
         WatchResponse {
             watch_id: id,
-            revision: 2,
+            revision: Revision(2),
             ..Default::default()
         }
     );
     assert!(s.request_progress_all());
     let r = s.recv_timeout(WAIT).unwrap();
-    assert_eq!((r.watch_id, r.revision, r.events.len()), (-1, 2, 0));
+    assert_eq!((r.watch_id, r.revision.0, r.events.len()), (-1, 2, 0));
     // A watcher on a future revision is not synced until the store reaches it.
     let future = s.watch(&watch(b"k", b"", 10)).unwrap();
     assert!(!s.request_progress(future));
@@ -412,7 +413,7 @@ fn progress_notifications_only_when_synced() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let r = slow.recv_timeout(WAIT).unwrap();
-    assert_eq!((r.watch_id, r.revision), (sid, 5));
+    assert_eq!((r.watch_id, r.revision.0), (sid, 5));
 
     // Progress requests on a stream nobody reads queue up to twice its bound, then fail.
     let unread = store.watch_stream_with_capacity(2);
@@ -503,7 +504,7 @@ fn watchers_created_during_writes_miss_nothing() {
             };
             let id = s.watch(&watch(b"k", b"", start)).unwrap();
             // Watchers have been notified up to here: the watcher has everything after it.
-            let notified = s.rev();
+            let notified = s.rev().0;
             let evs = events_for(&s, id, 5);
             let revs: Vec<i64> = evs
                 .iter()
@@ -785,7 +786,7 @@ fn receive(s: &WatchStream, got: &mut HashMap<(usize, i64), Vec<Event>>, n: usiz
 }
 
 fn record(got: &mut HashMap<(usize, i64), Vec<Event>>, stream: usize, r: WatchResponse) {
-    assert_eq!(r.compact_revision, 0);
+    assert_eq!(r.compact_revision.0, 0);
     assert!(!r.events.is_empty(), "an empty event response: {r:?}");
     let revs: Vec<i64> = r
         .events
@@ -796,7 +797,7 @@ fn record(got: &mut HashMap<(usize, i64), Vec<Event>>, stream: usize, r: WatchRe
         revs.windows(2).all(|w| w[0] <= w[1]),
         "out of order: {revs:?}"
     );
-    assert!(r.revision >= *revs.last().unwrap());
+    assert!(r.revision.0 >= *revs.last().unwrap());
     got.entry((stream, r.watch_id))
         .or_default()
         .extend(r.events);
@@ -845,7 +846,7 @@ fn run_model(ops: &[Op]) {
                 }
                 drop(wr);
                 model.apply(w);
-                assert_eq!(store.rev(), model.rev);
+                assert_eq!(store.rev().0, model.rev);
             }
             Op::Watch {
                 stream,

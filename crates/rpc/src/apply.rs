@@ -15,6 +15,8 @@ use mvcc::Writer;
 use prost::Message;
 
 use crate::auth::{self, Auth, AuthError, AuthInfo, Checks, Need};
+use ids::{LeaseId, MemberId, RaftIndex, Revision};
+
 use crate::backend::Backend;
 use crate::error;
 use crate::request::{Applied, InternalRequest, Op, RequestHeader, Response};
@@ -51,7 +53,7 @@ impl KvStateMachine {
             Op::DeleteRange(d) => auth::delete_range(&mut c, d),
             Op::Txn(t) => auth::txn(&mut c, t),
             Op::Compaction(_) => auth::compaction(&mut c),
-            Op::LeaseRevoke(r) => c.lease(r.id),
+            Op::LeaseRevoke(r) => c.lease(LeaseId(r.id)),
             Op::Alarm(_) | Op::DowngradeInfoSet(_) => c.admin(),
             op if op.needs_admin() => c.admin(),
             // Anyone may grant a lease (etcd's rule); Authenticate was checked by password;
@@ -75,7 +77,13 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
 }
 
 impl KvStateMachine {
-    fn apply_one(&self, w: &mut Writer<'_>, rev: i64, op: Op, index: u64) -> mvcc::Result<Applied> {
+    fn apply_one(
+        &self,
+        w: &mut Writer<'_>,
+        rev: Revision,
+        op: Op,
+        index: RaftIndex,
+    ) -> mvcc::Result<Applied> {
         if auth::is_auth(&op) {
             return Ok(auth::apply(w, &self.auth, op, index).map_err(AuthError::status));
         }
@@ -84,20 +92,20 @@ impl KvStateMachine {
             Op::DeleteRange(d) => Response::DeleteRange(w.delete_range(&d)?),
             Op::Txn(t) => Response::Txn(w.txn(&t)?),
             Op::Compaction(c) => {
-                let cur = w.compact(c.revision)?;
+                let cur = w.compact(Revision(c.revision))?;
                 Response::Compaction(CompactionResponse {
                     header: Some(ResponseHeader {
-                        revision: cur,
+                        revision: cur.0,
                         ..Default::default()
                     }),
                 })
             }
-            Op::LeaseGrant(g) => Response::LeaseGrant(w.lease_grant(g.id, g.ttl)?),
-            Op::LeaseRevoke(r) => Response::LeaseRevoke(w.lease_revoke(r.id)?),
+            Op::LeaseGrant(g) => Response::LeaseGrant(w.lease_grant(LeaseId(g.id), g.ttl)?),
+            Op::LeaseRevoke(r) => Response::LeaseRevoke(w.lease_revoke(LeaseId(r.id))?),
             Op::LeaseCheckpoint(c) => {
                 for cp in &c.checkpoints {
                     // A lease revoked since the checkpoint was proposed has nothing to record.
-                    match w.lease_checkpoint(cp.id, cp.remaining_ttl) {
+                    match w.lease_checkpoint(LeaseId(cp.id), cp.remaining_ttl) {
                         Err(mvcc::Error::LeaseNotFound) | Ok(()) => {}
                         Err(e) => return Err(e),
                     }
@@ -114,20 +122,22 @@ impl KvStateMachine {
                 let mut alarms = Vec::new();
                 match AlarmAction::try_from(a.action) {
                     Ok(AlarmAction::Activate) if a.alarm != 0 => {
-                        if w.alarm(a.member_id, a.alarm, true) {
-                            tracing::warn!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm raised");
+                        if w.alarm(MemberId(a.member_id), a.alarm, true) {
+                            tracing::warn!(member = %MemberId(a.member_id), alarm = a.alarm, "alarm raised");
                         }
                         alarms.push(member);
                     }
-                    Ok(AlarmAction::Deactivate) if w.alarm(a.member_id, a.alarm, false) => {
-                        tracing::info!(member = %format!("{:x}", a.member_id), alarm = a.alarm, "alarm cleared");
+                    Ok(AlarmAction::Deactivate)
+                        if w.alarm(MemberId(a.member_id), a.alarm, false) =>
+                    {
+                        tracing::info!(member = %MemberId(a.member_id), alarm = a.alarm, "alarm cleared");
                         alarms.push(member);
                     }
                     _ => {}
                 }
                 Response::Alarm(AlarmResponse {
                     header: Some(ResponseHeader {
-                        revision: rev,
+                        revision: rev.0,
                         ..Default::default()
                     }),
                     alarms,
@@ -146,7 +156,7 @@ impl KvStateMachine {
 impl StateMachine for KvStateMachine {
     type Output = Applied;
 
-    fn applied(&self) -> u64 {
+    fn applied(&self) -> RaftIndex {
         self.backend.store().applied().index
     }
 
@@ -167,7 +177,7 @@ impl StateMachine for KvStateMachine {
                 }) => (op, header),
                 Ok(InternalRequest { op: None, .. }) | Err(_) => {
                     // Written by a newer kvd, or damaged: refuse it, the same on every member.
-                    tracing::error!(index = c.index, "entry holds no request kvd knows; skipped");
+                    tracing::error!(index = %c.index, "entry holds no request kvd knows; skipped");
                     out.push(Err(tonic::Status::internal(format!(
                         "raft entry {} holds no request this kvd knows",
                         c.index
@@ -206,9 +216,9 @@ impl StateMachine for KvStateMachine {
         Ok(Box::new(self.backend.dump()?))
     }
 
-    fn restore(&mut self, index: u64, term: u64, data: &mut dyn Read) -> io::Result<()> {
+    fn restore(&mut self, index: RaftIndex, term: u64, data: &mut dyn Read) -> io::Result<()> {
         self.backend.restore(data, mvcc::Applied { index, term })?;
-        tracing::info!(index, term, "restored the store from a snapshot");
+        tracing::info!(%index, term, "restored the store from a snapshot");
         Ok(())
     }
 }
@@ -247,7 +257,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, d)| Committed {
-                index: first + i as u64,
+                index: RaftIndex(first + i as u64),
                 term: 1,
                 data: Some(d),
             })

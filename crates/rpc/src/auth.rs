@@ -15,9 +15,10 @@ mod token;
 pub use apply::{apply, is_auth};
 pub use check::{Auth, AuthError, AuthInfo, Check};
 pub use identity::{token_of, Creds};
+pub use jwt::JwtError;
 pub use password::DEFAULT_COST as DEFAULT_BCRYPT_COST;
 pub use perms::{Checks, Need};
 pub use service::AuthService;
-pub use token::{SimpleTokens, Tokens};
+pub use token::{BadAuthToken, SimpleTokens, Tokens};
 
 pub(crate) use perms::{compaction, delete_range, put, range, txn};

@@ -157,7 +157,10 @@ mod tests {
         src.dump().unwrap().read_to_end(&mut bytes).unwrap();
 
         let dst = Backend::open(dir.path().join("b"), StoreOptions::default()).unwrap();
-        let at = Applied { index: 42, term: 3 };
+        let at = Applied {
+            index: ids::RaftIndex(42),
+            term: 3,
+        };
         dst.restore(&mut bytes.as_slice(), at).unwrap();
         let store = dst.store();
         assert_eq!(store.rev(), src.store().rev());
@@ -178,8 +181,8 @@ mod tests {
         let got = store.read().unwrap().range(&old).unwrap();
         assert_eq!(got.kvs[0].value, b"v", "history restored too");
         assert_eq!(
-            store.hash_kv(0).unwrap().hash,
-            src.store().hash_kv(0).unwrap().hash
+            store.hash_kv(ids::Revision(0)).unwrap().hash,
+            src.store().hash_kv(ids::Revision(0)).unwrap().hash
         );
 
         for (i, bad) in [

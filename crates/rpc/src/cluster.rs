@@ -16,6 +16,7 @@ use api::etcdserverpb::{
     MemberUpdateRequest, MemberUpdateResponse, ResponseHeader,
 };
 use consensus::{Change, Member, Members};
+use ids::{MemberId, Revision};
 use tonic::{Request, Response, Status};
 
 use crate::error;
@@ -34,7 +35,7 @@ impl ClusterService {
 
     /// As etcd's cluster server: ids and term, no revision.
     fn header(&self) -> Option<ResponseHeader> {
-        Some(self.core.header(0))
+        Some(self.core.header(Revision(0)))
     }
 
     async fn change(&self, c: Change) -> Result<Vec<PbMember>, Status> {
@@ -75,7 +76,7 @@ fn ready_for_one_more_voter(members: &Members) -> bool {
 
 /// Whether the started voters other than `id` make a quorum of the voters other than `id`
 /// (etcd's IsReadyToRemoveVotingMember).
-fn ready_to_remove_voter(members: &Members, id: u64) -> bool {
+fn ready_to_remove_voter(members: &Members, id: MemberId) -> bool {
     let rest: Vec<&Member> = members
         .iter()
         .filter(|m| !m.is_learner && m.id != id)
@@ -86,7 +87,7 @@ fn ready_to_remove_voter(members: &Members, id: u64) -> bool {
 
 /// On the leader: whether peer `id` has been connected for `HEALTH_INTERVAL` (this member always
 /// counts), as etcd asks its transport.
-fn active(st: &consensus::Status, id: u64, since: Option<Instant>) -> bool {
+fn active(st: &consensus::Status, id: MemberId, since: Option<Instant>) -> bool {
     id == st.id
         || st
             .peers
@@ -120,7 +121,7 @@ impl ClusterService {
 
     /// On the leader: etcd's checks before removing member `id`. A learner or a member that is
     /// down may always go; a live voter only if the live voters left keep a quorum.
-    fn may_remove(&self, id: u64) -> Result<(), Status> {
+    fn may_remove(&self, id: MemberId) -> Result<(), Status> {
         if !self.core.cfg.strict_reconfig_check {
             return Ok(());
         }
@@ -146,7 +147,7 @@ impl ClusterService {
     }
 
     /// On the leader: etcd's checks before promoting learner `id`.
-    fn may_promote(&self, id: u64) -> Result<(), Status> {
+    fn may_promote(&self, id: MemberId) -> Result<(), Status> {
         let st = self.core.node.status();
         let Some(m) = st.members.get(id) else {
             return Err(error::consensus(&consensus::Error::MemberNotFound));
@@ -156,8 +157,8 @@ impl ClusterService {
                 "etcdserver: can only promote a learner member",
             ));
         }
-        let matched = st.peers.get(&id).map_or(0, |p| p.matched);
-        if (matched as f64) < st.last_index as f64 * LEARNER_READY {
+        let matched = st.peers.get(&id).map_or(0, |p| p.matched.0);
+        if (matched as f64) < st.last_index.0 as f64 * LEARNER_READY {
             return Err(Status::failed_precondition(
                 "etcdserver: can only promote a learner member which is in sync with leader",
             ));
@@ -202,7 +203,7 @@ pub fn to_pb(members: &Members) -> Vec<PbMember> {
 
 fn member_pb(m: &Member) -> PbMember {
     PbMember {
-        id: m.id,
+        id: m.id.0,
         name: m.name.clone(),
         peer_ur_ls: m.peer_urls.clone(),
         client_ur_ls: m.client_urls.clone(),
@@ -286,8 +287,8 @@ impl Cluster for ClusterService {
                 .await;
             return forwarded(answer, |r| &mut r.header, self.header());
         }
-        self.may_remove(id)?;
-        let members = self.change(Change::Remove(id)).await?;
+        self.may_remove(MemberId(id))?;
+        let members = self.change(Change::Remove(MemberId(id))).await?;
         Ok(Response::new(MemberRemoveResponse {
             header: self.header(),
             members,
@@ -304,12 +305,12 @@ impl Cluster for ClusterService {
         let current = self.core.node.members();
         if current
             .iter()
-            .any(|m| m.id != r.id && m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)))
+            .any(|m| m.id != MemberId(r.id) && m.peer_urls.iter().any(|u| r.peer_ur_ls.contains(u)))
         {
             return Err(error::peer_url_exists());
         }
         let update = Member {
-            id: r.id,
+            id: MemberId(r.id),
             peer_urls: r.peer_ur_ls,
             ..Default::default()
         };
@@ -346,8 +347,8 @@ impl Cluster for ClusterService {
                 .await;
             return forwarded(answer, |r| &mut r.header, self.header());
         }
-        self.may_promote(id)?;
-        let members = self.change(Change::Promote(id)).await?;
+        self.may_promote(MemberId(id))?;
+        let members = self.change(Change::Promote(MemberId(id))).await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),
             members,
@@ -362,7 +363,7 @@ mod tests {
     #[test]
     fn a_voter_is_added_only_while_started_voters_keep_a_quorum() {
         let m = |id: u64, name: &str, learner: bool| Member {
-            id,
+            id: MemberId(id),
             name: name.into(),
             peer_urls: vec![format!("http://h:{id}")],
             client_urls: Vec::new(),
@@ -401,7 +402,7 @@ mod tests {
     #[test]
     fn a_voter_is_removed_only_while_the_other_started_voters_keep_a_quorum() {
         let m = |id: u64, name: &str| Member {
-            id,
+            id: MemberId(id),
             name: name.into(),
             peer_urls: vec![format!("http://h:{id}")],
             client_urls: Vec::new(),
@@ -411,17 +412,17 @@ mod tests {
         // 2 others, both started: a quorum of 2.
         assert!(ready_to_remove_voter(
             &ms(vec![m(1, "a"), m(2, "b"), m(3, "c")]),
-            3
+            MemberId(3)
         ));
         // 2 others, one never started: 1 of 2 is no quorum.
         assert!(!ready_to_remove_voter(
             &ms(vec![m(1, "a"), m(2, ""), m(3, "c")]),
-            3
+            MemberId(3)
         ));
         // Removing the member that never started leaves 2 started of 2.
         assert!(ready_to_remove_voter(
             &ms(vec![m(1, "a"), m(2, ""), m(3, "c")]),
-            2
+            MemberId(2)
         ));
     }
 

@@ -24,10 +24,26 @@ pub enum AutoCompaction {
     Revision(i64),
 }
 
+/// A value that is not a Go-style duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a duration (e.g. 10m, 1h, 500ms)")]
+pub struct BadDuration(pub String);
+
+/// Why `--auto-compaction-mode` and `--auto-compaction-retention` were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadAutoCompaction {
+    #[error("--auto-compaction-retention: {0}")]
+    Period(#[source] BadDuration),
+    #[error("--auto-compaction-retention {0:?}: not a revision count")]
+    Revisions(String),
+    #[error("--auto-compaction-mode {0:?}: want periodic or revision")]
+    Mode(String),
+}
+
 impl AutoCompaction {
     /// Parses etcd's flags: periodic retention is a duration (`1h`, `30m`) or a number of hours;
     /// revision retention a number of revisions; `0` turns it off.
-    pub fn parse(mode: &str, retention: &str) -> Result<AutoCompaction, String> {
+    pub fn parse(mode: &str, retention: &str) -> Result<AutoCompaction, BadAutoCompaction> {
         let retention = retention.trim();
         if retention.is_empty() || retention == "0" {
             return Ok(AutoCompaction::Off);
@@ -39,26 +55,22 @@ impl AutoCompaction {
                 }
                 parse_duration(retention)
                     .map(AutoCompaction::Periodic)
-                    .map_err(|e| format!("--auto-compaction-retention: {e}"))
+                    .map_err(BadAutoCompaction::Period)
             }
             "revision" => retention
                 .parse::<i64>()
                 .ok()
                 .filter(|n| *n > 0)
                 .map(AutoCompaction::Revision)
-                .ok_or_else(|| {
-                    format!("--auto-compaction-retention {retention:?}: not a revision count")
-                }),
-            other => Err(format!(
-                "--auto-compaction-mode {other:?}: want periodic or revision"
-            )),
+                .ok_or_else(|| BadAutoCompaction::Revisions(retention.to_string())),
+            other => Err(BadAutoCompaction::Mode(other.to_string())),
         }
     }
 }
 
 /// Parses a Go-style duration (`10m`, `1h30m`, `500ms`, `2s`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration (e.g. 10m, 1h, 500ms)");
+pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
+    let bad = || BadDuration(s.to_string());
     let mut total = Duration::ZERO;
     let mut rest = s.trim();
     if rest.is_empty() {
@@ -110,12 +122,12 @@ pub async fn run(core: Weak<Core>, mode: AutoCompaction) {
         };
         let store = core.backend.store();
         let now = Instant::now();
-        samples.push_back((now, store.rev()));
+        samples.push_back((now, store.rev().0));
         if !core.is_leader() {
             continue;
         }
         let target = match mode {
-            AutoCompaction::Revision(n) => store.rev() - n,
+            AutoCompaction::Revision(n) => store.rev().0 - n,
             _ => {
                 let mut target = 0;
                 while let Some(&(at, rev)) = samples.front() {
@@ -128,7 +140,7 @@ pub async fn run(core: Weak<Core>, mode: AutoCompaction) {
                 target
             }
         };
-        if target <= store.compacted() || target <= 0 {
+        if target <= store.compacted().0 || target <= 0 {
             continue;
         }
         let req = CompactionRequest {

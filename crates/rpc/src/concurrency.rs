@@ -29,6 +29,7 @@ use api::v3electionpb::{
 };
 use api::v3lockpb::lock_server::Lock;
 use api::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
+use ids::{LeaseId, Revision};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -75,7 +76,7 @@ fn prefix(name: &[u8]) -> Vec<u8> {
 fn session_key(name: &[u8], lease: i64) -> (Vec<u8>, Vec<u8>) {
     let pfx = prefix(name);
     let mut key = pfx.clone();
-    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key.extend_from_slice(LeaseId(lease).to_string().as_bytes());
     (pfx, key)
 }
 
@@ -259,7 +260,7 @@ impl Watching {
         loop {
             tokio::select! {
                 r = self.ws.recv() => match r {
-                    Some(r) if r.compact_revision != 0 => {
+                    Some(r) if r.compact_revision.0 != 0 => {
                         return Err(unknown(crate::error::mvcc(&mvcc::Error::Compacted)));
                     }
                     Some(r) if r.events.is_empty() => continue,
@@ -587,7 +588,7 @@ type ObserveTx = mpsc::Sender<Result<LeaderResponse, Status>>;
 /// leader once that key is deleted.
 async fn observe(local: &Local, pfx: &[u8], tx: &ObserveTx) -> Result<(), Status> {
     let core = &local.core;
-    let send = |rev: i64, kv: KeyValue| LeaderResponse {
+    let send = |rev: Revision, kv: KeyValue| LeaderResponse {
         header: Some(core.header(rev)),
         kv: Some(kv),
     };
@@ -618,7 +619,7 @@ async fn observe(local: &Local, pfx: &[u8], tx: &ObserveTx) -> Result<(), Status
             }
         };
         let key = kv.key.clone();
-        if tx.send(Ok(send(rev, kv))).await.is_err() {
+        if tx.send(Ok(send(Revision(rev), kv))).await.is_err() {
             return Ok(());
         }
         let mut w = Watching::new(core, &key, None, rev + 1)?;

@@ -193,7 +193,7 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "etcd_server_proposals_pending",
         "gauge",
         "The current number of pending proposals to commit.",
-        st.commit.saturating_sub(st.applied),
+        st.commit.0.saturating_sub(st.applied.0),
     );
     metric(
         &mut out,
@@ -228,18 +228,18 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "etcd_debugging_mvcc_current_revision",
         "gauge",
         "The current revision of store.",
-        store.rev(),
+        store.rev().0,
     );
     metric(
         &mut out,
         "etcd_debugging_mvcc_compact_revision",
         "gauge",
         "The revision of the last compaction in store.",
-        store.compacted().max(0),
+        store.compacted().0.max(0),
     );
     let _ = writeln!(out, "# HELP etcd_server_id Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.");
     let _ = writeln!(out, "# TYPE etcd_server_id gauge");
-    let _ = writeln!(out, "etcd_server_id{{server_id=\"{:x}\"}} 1", core.id);
+    let _ = writeln!(out, "etcd_server_id{{server_id=\"{}\"}} 1", core.id);
     let _ = writeln!(out, "# HELP etcd_server_version Which version is running. 1 for 'server_version' label with current version.");
     let _ = writeln!(out, "# TYPE etcd_server_version gauge");
     let _ = writeln!(

@@ -8,6 +8,7 @@ use api::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
+use ids::Revision;
 use mvcc::validate;
 use tonic::{Request, Response, Status};
 
@@ -79,7 +80,7 @@ impl Kv for KvService {
             Applied::Compaction(mut resp) => {
                 if physical {
                     let store = self.core.backend.store();
-                    tokio::task::spawn_blocking(move || store.wait_compaction(rev))
+                    tokio::task::spawn_blocking(move || store.wait_compaction(Revision(rev)))
                         .await
                         .map_err(|e| Status::internal(e.to_string()))?
                         .map_err(|e| error::mvcc(&e))?;

@@ -13,6 +13,7 @@ use api::etcdserverpb::{
     LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse,
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
+use ids::{LeaseId, MemberId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -47,14 +48,14 @@ fn new_lease_id() -> i64 {
 
 /// A keep-alive stream a follower holds open to the leader for one client stream.
 struct Forward {
-    leader: u64,
+    leader: MemberId,
     tx: mpsc::Sender<LeaseKeepAliveRequest>,
     rx: Streaming<LeaseKeepAliveResponse>,
 }
 
 impl LeaseService {
     /// One keep-alive: renewed here on the leader, else through `fwd` at the leader.
-    async fn renew(&self, id: i64, fwd: &mut Option<Forward>) -> Result<i64, Status> {
+    async fn renew(&self, id: LeaseId, fwd: &mut Option<Forward>) -> Result<i64, Status> {
         if self.core.is_leader() {
             *fwd = None;
             return match self.core.backend.store().lease_renew(id, Instant::now()) {
@@ -87,7 +88,7 @@ impl LeaseService {
             });
         }
         let f = fwd.as_mut().expect("set above");
-        let sent = f.tx.send(LeaseKeepAliveRequest { id }).await;
+        let sent = f.tx.send(LeaseKeepAliveRequest { id: id.0 }).await;
         let got = match sent {
             Ok(()) => f.rx.message().await,
             Err(_) => Ok(None),
@@ -118,7 +119,7 @@ impl LeaseService {
         tokio::spawn(async move {
             let mut fwd = None;
             while let Some(Ok(r)) = input.next().await {
-                let out = svc.renew(r.id, &mut fwd).await.map(|ttl| {
+                let out = svc.renew(LeaseId(r.id), &mut fwd).await.map(|ttl| {
                     let rev = svc.core.backend.store().rev();
                     LeaseKeepAliveResponse {
                         header: Some(svc.core.header(rev)),
@@ -170,7 +171,8 @@ impl Lease for LeaseService {
         let who = self.core.who(&req).await?;
         let r = req.into_inner();
         // Revoking deletes the lease's keys: the caller must be able to write them all.
-        self.core.permitted(who.as_ref(), |c| c.lease(r.id))?;
+        self.core
+            .permitted(who.as_ref(), |c| c.lease(LeaseId(r.id)))?;
         match self.core.propose(Op::LeaseRevoke(r), who.as_ref()).await? {
             Applied::LeaseRevoke(mut resp) => {
                 self.core.fill(&mut resp.header);
@@ -204,7 +206,7 @@ impl Lease for LeaseService {
                 .core
                 .backend
                 .store()
-                .lease_keys(r.id)
+                .lease_keys(LeaseId(r.id))
                 .unwrap_or_default();
             self.core.permitted(who.as_ref(), |c| {
                 keys.iter().try_for_each(|k| c.need(Need::Read, k, &[]))
@@ -221,11 +223,11 @@ impl Lease for LeaseService {
             self.core.fill(&mut resp.header);
             return Ok(Response::new(resp));
         }
-        let mut resp = self
-            .core
-            .backend
-            .store()
-            .lease_time_to_live(r.id, r.keys, Instant::now());
+        let mut resp =
+            self.core
+                .backend
+                .store()
+                .lease_time_to_live(LeaseId(r.id), r.keys, Instant::now());
         self.core.auth_unchanged(who.as_ref())?;
         self.core.fill(&mut resp.header);
         Ok(Response::new(resp))

@@ -28,7 +28,7 @@ use std::sync::Arc;
 pub use apply::KvStateMachine;
 pub use backend::{check_snapshot_file, Backend};
 pub use cluster::to_pb as members_pb;
-pub use compactor::{parse_duration, AutoCompaction};
+pub use compactor::{parse_duration, AutoCompaction, BadAutoCompaction, BadDuration};
 pub use server::{background, published, Core, ServerConfig};
 
 use api::etcdserverpb::auth_server::AuthServer;
@@ -125,7 +125,7 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
 /// leader (lease keep-alives and time-to-live, membership changes), for members of this
 /// cluster only.
 pub fn peer_services(core: &Arc<Core>) -> tonic::service::Routes {
-    let cluster = format!("{:x}", core.cluster_id);
+    let cluster = core.cluster_id.to_string();
     let check = move |req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
         let from = req
             .metadata()

@@ -14,6 +14,7 @@ use api::etcdserverpb::{
     HashResponse, MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse,
     StatusRequest, StatusResponse,
 };
+use ids::{MemberId, Revision};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -111,9 +112,13 @@ impl Maintenance for MaintenanceService {
                     .alarms()
                     .iter()
                     .filter(|&&(m, a)| {
-                        (r.member_id == 0 || m == r.member_id) && (r.alarm == 0 || a == r.alarm)
+                        (r.member_id == 0 || m == MemberId(r.member_id))
+                            && (r.alarm == 0 || a == r.alarm)
                     })
-                    .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+                    .map(|&(member, alarm)| AlarmMember {
+                        member_id: member.0,
+                        alarm,
+                    })
                     .collect();
                 let rev = self.core.backend.store().rev();
                 Ok(Response::new(AlarmResponse {
@@ -158,10 +163,10 @@ impl Maintenance for MaintenanceService {
             header: Some(self.core.header(store.rev())),
             version: ETCD_API_VERSION.into(),
             db_size: space.size as i64,
-            leader: st.leader.unwrap_or(0),
-            raft_index: st.commit,
+            leader: st.leader.unwrap_or(MemberId::NONE).0,
+            raft_index: st.commit.0,
             raft_term: st.term,
-            raft_applied_index: st.applied,
+            raft_applied_index: st.applied.0,
             errors,
             db_size_in_use: space.in_use as i64,
             is_learner,
@@ -218,7 +223,7 @@ impl Maintenance for MaintenanceService {
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
         self.core.admin(self.core.who(&req).await?.as_ref())?;
-        let rev = req.into_inner().revision;
+        let rev = Revision(req.into_inner().revision);
         let store = self.core.backend.store();
         let h = tokio::task::spawn_blocking(move || store.hash_kv(rev))
             .await
@@ -227,8 +232,8 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(HashKvResponse {
             header: Some(self.core.header(h.current)),
             hash: h.hash,
-            compact_revision: h.compact_revision,
-            hash_revision: h.hash_revision,
+            compact_revision: h.compact_revision.0,
+            hash_revision: h.hash_revision.0,
         }))
     }
 
@@ -288,7 +293,7 @@ impl Maintenance for MaintenanceService {
         req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
         self.core.admin(self.core.who(&req).await?.as_ref())?;
-        let target = req.into_inner().target_id;
+        let target = MemberId(req.into_inner().target_id);
         if !self.core.is_leader() {
             return Err(error::not_leader());
         }

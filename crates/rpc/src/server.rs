@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{LeaseRevokeRequest, ResponseHeader};
 use consensus::{Change, Member, RaftNode, Role};
+use ids::{ClusterId, LeaseId, MemberId, Revision};
 use tonic::Status;
 
 use crate::auth::{Auth, AuthInfo};
@@ -94,14 +95,14 @@ pub struct Core {
     pub node: RaftNode<Applied>,
     pub backend: Arc<Backend>,
     pub cfg: ServerConfig,
-    pub id: u64,
-    pub cluster_id: u64,
+    pub id: MemberId,
+    pub cluster_id: ClusterId,
     /// Tokens, passwords and permissions (the users and roles are in the store).
     pub auth: Arc<Auth>,
     /// How this member dials its peers (the leader, for requests only it serves).
     dialer: consensus::Dialer,
     /// A connection to the leader's peer port, for requests only it serves: (leader, channel).
-    to_leader: parking_lot::Mutex<Option<(u64, tonic::transport::Channel)>>,
+    to_leader: parking_lot::Mutex<Option<(MemberId, tonic::transport::Channel)>>,
     /// What the client port's connections hold together and what they were refused
     /// (served on `/metrics`).
     pub client_guard: Arc<grpc_wire::Guard>,
@@ -116,7 +117,7 @@ impl Core {
         node: RaftNode<Applied>,
         backend: Arc<Backend>,
         cfg: ServerConfig,
-        cluster_id: u64,
+        cluster_id: ClusterId,
         auth: Arc<Auth>,
         dialer: consensus::Dialer,
     ) -> Arc<Core> {
@@ -134,11 +135,11 @@ impl Core {
     }
 
     /// A response header at revision `rev`.
-    pub fn header(&self, rev: i64) -> ResponseHeader {
+    pub fn header(&self, rev: Revision) -> ResponseHeader {
         ResponseHeader {
-            cluster_id: self.cluster_id,
-            member_id: self.id,
-            revision: rev,
+            cluster_id: self.cluster_id.0,
+            member_id: self.id.0,
+            revision: rev.0,
             raft_term: self.node.term(),
         }
     }
@@ -147,7 +148,7 @@ impl Core {
     pub fn fill(&self, h: &mut Option<ResponseHeader>) {
         let rev = h
             .as_ref()
-            .map_or_else(|| self.backend.store().rev(), |h| h.revision);
+            .map_or_else(|| self.backend.store().rev(), |h| Revision(h.revision));
         *h = Some(self.header(rev));
     }
 
@@ -158,7 +159,7 @@ impl Core {
     }
 
     /// The alarms raised in the cluster: (member, alarm type).
-    pub fn alarms(&self) -> Vec<(u64, i32)> {
+    pub fn alarms(&self) -> Vec<(MemberId, i32)> {
         self.backend.store().alarms()
     }
 
@@ -181,7 +182,7 @@ impl Core {
         );
         let alarm = api::etcdserverpb::AlarmRequest {
             action: api::etcdserverpb::alarm_request::AlarmAction::Activate as i32,
-            member_id: self.id,
+            member_id: self.id.0,
             alarm: api::etcdserverpb::AlarmType::Nospace as i32,
         };
         if let Err(e) = self.propose_internal(Op::Alarm(alarm)).await {
@@ -212,7 +213,7 @@ impl Core {
             return Err(error::request_too_large());
         }
         let (commit, applied) = self.node.progress();
-        if commit > applied + MAX_APPLY_GAP {
+        if commit.0 > applied.0 + MAX_APPLY_GAP {
             return Err(error::too_many_requests());
         }
         match self.node.propose(data).await {
@@ -231,7 +232,7 @@ impl Core {
     }
 
     /// The leader's id, or etcd's "no leader".
-    pub fn leader(&self) -> Result<u64, Status> {
+    pub fn leader(&self) -> Result<MemberId, Status> {
         self.node
             .leader()
             .0
@@ -254,13 +255,13 @@ impl Core {
 
     /// Proposes checkpoints of leases' remaining TTLs, in the background (a failure only
     /// means a later leader restarts those leases from an older remainder).
-    pub fn checkpoint_leases(self: &Arc<Self>, remaining: Vec<(i64, i64)>) {
+    pub fn checkpoint_leases(self: &Arc<Self>, remaining: Vec<(LeaseId, i64)>) {
         for batch in remaining.chunks(CHECKPOINT_BATCH) {
             let req = api::etcdserverpb::LeaseCheckpointRequest {
                 checkpoints: batch
                     .iter()
                     .map(|&(id, remaining_ttl)| api::etcdserverpb::LeaseCheckpoint {
-                        id,
+                        id: id.0,
                         remaining_ttl,
                     })
                     .collect(),
@@ -301,7 +302,7 @@ impl Core {
     /// `msg` as a request forwarded to the leader: it names this member's cluster.
     pub fn to_leader<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
-        if let Ok(v) = format!("{:x}", self.cluster_id).parse() {
+        if let Ok(v) = self.cluster_id.to_string().parse() {
             r.metadata_mut().insert(FORWARD_CLUSTER, v);
         }
         r
@@ -344,7 +345,7 @@ pub async fn background(core: std::sync::Weak<Core>) {
         if checkpoint_due {
             last_checkpoint = Instant::now();
             if leading {
-                let remaining: Vec<(i64, i64)> = store
+                let remaining: Vec<(LeaseId, i64)> = store
                     .lease_remaining(Instant::now())
                     .into_iter()
                     .filter(|&(_, left)| left > 0)
@@ -357,15 +358,15 @@ pub async fn background(core: std::sync::Weak<Core>) {
                 let c = core.clone();
                 tokio::spawn(async move {
                     let r = c
-                        .propose_internal(Op::LeaseRevoke(LeaseRevokeRequest { id }))
+                        .propose_internal(Op::LeaseRevoke(LeaseRevokeRequest { id: id.0 }))
                         .await;
                     match r {
                         Ok(_) => {
-                            tracing::debug!(lease = %format!("{id:x}"), "expired lease revoked")
+                            tracing::debug!(lease = %id, "expired lease revoked")
                         }
                         Err(e) if e.code() == tonic::Code::NotFound => {}
                         Err(e) => {
-                            tracing::warn!(lease = %format!("{id:x}"), "revoking an expired lease failed: {}", e.message())
+                            tracing::warn!(lease = %id, "revoking an expired lease failed: {}", e.message())
                         }
                     }
                 });

@@ -10,6 +10,7 @@ use std::time::Duration;
 use api::etcdserverpb::watch_request::RequestUnion;
 use api::etcdserverpb::watch_server::Watch;
 use api::etcdserverpb::{WatchRequest, WatchResponse};
+use ids::Revision;
 use mvcc::WatchStream;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -59,7 +60,7 @@ struct StreamState {
 }
 
 impl StreamState {
-    async fn send(&self, out: &Out, mut r: WatchResponse, rev: i64) -> bool {
+    async fn send(&self, out: &Out, mut r: WatchResponse, rev: Revision) -> bool {
         r.header = Some(self.core.header(rev));
         out.send(Ok(r)).await.is_ok()
     }
@@ -147,8 +148,8 @@ impl StreamState {
     async fn forward(&self, r: mvcc::WatchResponse, out: &Out) -> bool {
         let resp = WatchResponse {
             watch_id: r.watch_id,
-            compact_revision: r.compact_revision,
-            canceled: r.compact_revision != 0,
+            compact_revision: r.compact_revision.0,
+            canceled: r.compact_revision.0 != 0,
             events: r.events,
             ..Default::default()
         };

@@ -11,6 +11,7 @@ use crate::member::{Member, Members};
 use crate::node::{
     change_type, context, deadline, Change, Error, Result, TAG_CONF, TAG_MEMBER_UPDATE,
 };
+use ids::MemberId;
 
 use super::open::{Driver, Pending};
 
@@ -25,7 +26,9 @@ impl<O: Send + 'static> Driver<O> {
             Change::AddMember(m) | Change::AddLearner(m) if members.get(m.id).is_some() => {
                 Err(Error::MemberExists)
             }
-            Change::AddMember(m) | Change::AddLearner(m) if m.id == 0 => Err(Error::ReservedId),
+            Change::AddMember(m) | Change::AddLearner(m) if m.id == MemberId::NONE => {
+                Err(Error::ReservedId)
+            }
             Change::Promote(id) => match members.get(*id) {
                 None => Err(Error::MemberNotFound),
                 Some(m) if !m.is_learner => Err(Error::NotLearner),
@@ -48,7 +51,7 @@ impl<O: Send + 'static> Driver<O> {
             (Change::Update(m), _) => self
                 .raw
                 .propose(
-                    context(TAG_MEMBER_UPDATE, self.cfg.id, seq, Some(m)),
+                    context(TAG_MEMBER_UPDATE, self.cfg.id.0, seq, Some(m)),
                     vec![],
                 )
                 .map_err(|_| self.dropped()),
@@ -72,10 +75,10 @@ impl<O: Send + 'static> Driver<O> {
                 };
                 let mut single = ConfChangeSingle::default();
                 single.set_change_type(kind);
-                single.node_id = id;
+                single.node_id = id.0;
                 let mut cc = ConfChangeV2::default();
                 cc.mut_changes().push(single);
-                let ctx = context(TAG_CONF, self.cfg.id, seq, member.as_ref());
+                let ctx = context(TAG_CONF, self.cfg.id.0, seq, member.as_ref());
                 self.raw
                     .propose_conf_change(ctx, cc)
                     .map_err(|_| self.dropped())
@@ -136,7 +139,7 @@ impl<O: Send + 'static> Driver<O> {
         self.transport.update_members(&members);
         self.shared.status.lock().members = members.clone();
         if was_member && members.get(self.cfg.id).is_none() {
-            tracing::warn!(member = %format!("{:x}", self.cfg.id), "this member was removed from the cluster");
+            tracing::warn!(member = %self.cfg.id, "this member was removed from the cluster");
             self.removed = true;
             self.shared.fail_all(|| Error::Removed);
         }
@@ -153,7 +156,7 @@ impl<O: Send + 'static> Driver<O> {
             Some((TAG_CONF, origin, seq, member)) => (origin, seq, member),
             _ => (0, 0, None),
         };
-        let reply = (origin == self.cfg.id)
+        let reply = (origin == self.cfg.id.0)
             .then(|| self.changes.remove(&seq))
             .flatten();
         // Reads go through raft again until the new configuration is known.
@@ -171,7 +174,7 @@ impl<O: Send + 'static> Driver<O> {
         let mut members = self.members().clone();
         for ch in cc.get_changes() {
             use raft::eraftpb::ConfChangeType::*;
-            let id = ch.node_id;
+            let id = MemberId(ch.node_id);
             let learner = ch.get_change_type() == AddLearnerNode;
             match ch.get_change_type() {
                 AddNode | AddLearnerNode => {
@@ -197,7 +200,7 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn update_member(&mut self, index: u64, origin: u64, seq: u64, m: Member) {
-        let reply = (origin == self.cfg.id)
+        let reply = (origin == self.cfg.id.0)
             .then(|| self.changes.remove(&seq))
             .flatten();
         let mut members = self.members().clone();

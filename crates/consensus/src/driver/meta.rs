@@ -10,21 +10,22 @@ use crate::member::Members;
 use crate::node::{Config, Error, Result, Start};
 use crate::snap::{SnapMeta, Snapshotter};
 use crate::wal::{SnapshotMark, Wal};
+use ids::{ClusterId, MemberId, RaftIndex};
 
 /// The position of the snapshot a new cluster starts from (its configuration, no data).
 pub(super) const BOOTSTRAP_INDEX: u64 = 1;
 
 /// The WAL metadata of a member: its cluster id and its member id.
-fn encode_meta(cluster_id: u64, member_id: u64) -> Vec<u8> {
+fn encode_meta(cluster_id: ClusterId, member_id: MemberId) -> Vec<u8> {
     let mut v = Vec::with_capacity(16);
-    put_u64(&mut v, cluster_id);
-    put_u64(&mut v, member_id);
+    put_u64(&mut v, cluster_id.0);
+    put_u64(&mut v, member_id.0);
     v
 }
 
-/// The (cluster id, member id) whose log is in the member directory `dir`, if it holds one:
-/// what a restarting server must use, whatever its flags say now.
-pub fn existing_member(dir: &std::path::Path) -> Result<Option<(u64, u64)>> {
+/// The member and cluster whose log is in the member directory `dir`, if it holds one: what a
+/// restarting server must use, whatever its flags say now.
+pub fn existing_member(dir: &std::path::Path) -> Result<Option<(MemberId, ClusterId)>> {
     let wal_dir = dir.join("wal");
     if !wal_dir.exists() {
         return Ok(None);
@@ -36,11 +37,12 @@ pub fn existing_member(dir: &std::path::Path) -> Result<Option<(u64, u64)>> {
 }
 
 /// The ids `encode_meta` wrote, or `None` for metadata that is not kvd's.
-pub(super) fn decode_meta(b: &[u8]) -> Option<(u64, u64)> {
+pub(super) fn decode_meta(b: &[u8]) -> Option<(MemberId, ClusterId)> {
     let mut r = Reader::new(b, "WAL metadata");
-    let ids = (r.u64().ok()?, r.u64().ok()?);
+    let cluster = ClusterId(r.u64().ok()?);
+    let member = MemberId(r.u64().ok()?);
     r.finish().ok()?;
-    Some(ids)
+    Some((member, cluster))
 }
 
 /// Creates the log of a member that has none, in a temporary directory renamed into place, so
@@ -64,9 +66,9 @@ pub(super) fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) 
             let mut cs = ConfState::default();
             for m in members.iter() {
                 if m.is_learner {
-                    cs.learners.push(m.id);
+                    cs.learners.push(m.id.0);
                 } else {
-                    cs.voters.push(m.id);
+                    cs.voters.push(m.id.0);
                 }
             }
             snapshotter.save(&SnapMeta {
@@ -76,7 +78,7 @@ pub(super) fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) 
                 members,
             })?;
             wal.save_snapshot(SnapshotMark {
-                index: BOOTSTRAP_INDEX,
+                index: RaftIndex(BOOTSTRAP_INDEX),
                 term: 1,
             })?;
             let hs = HardState {
@@ -111,9 +113,12 @@ mod tests {
 
     #[test]
     fn the_wal_metadata_holds_both_ids_and_nothing_else() {
-        let b = encode_meta(0x1234_5678_9abc_def0, 0x42);
+        let b = encode_meta(ClusterId(0x1234_5678_9abc_def0), MemberId(0x42));
         assert_eq!(b.len(), 16);
-        assert_eq!(decode_meta(&b), Some((0x1234_5678_9abc_def0, 0x42)));
+        assert_eq!(
+            decode_meta(&b),
+            Some((MemberId(0x42), ClusterId(0x1234_5678_9abc_def0)))
+        );
         assert_eq!(decode_meta(&b[..15]), None);
         let mut longer = b.clone();
         longer.push(0);

@@ -17,6 +17,7 @@ use crate::node::{Config, Error, Result, Shared, Start, StateMachine};
 use crate::snap::SnapMeta;
 use crate::transport::{Reporter, Transport};
 use crate::wal::Wal;
+use ids::RaftIndex;
 
 use super::meta::{bootstrap, decode_meta, BOOTSTRAP_INDEX};
 use super::reads::{ReadRound, ReadWaiter};
@@ -72,8 +73,8 @@ impl<O: Send + 'static> Driver<O> {
         }
         let (wal, rec) = Wal::open(&wal_dir, cfg.wal)?;
         match decode_meta(&rec.metadata) {
-            Some((c, m)) if c == cfg.cluster_id && m == cfg.id => {}
-            Some((c, m)) => {
+            Some((m, c)) if c == cfg.cluster_id && m == cfg.id => {}
+            Some((m, c)) => {
                 return Err(Error::WrongMember {
                     dir: cfg.dir.clone(),
                     found_member: m,
@@ -84,19 +85,19 @@ impl<O: Send + 'static> Driver<O> {
             }
             None => return Err(Error::ForeignWal { dir: wal_dir }),
         }
-        let meta = if rec.snapshot.index > 0 {
-            snapshotter.load(rec.snapshot.index)?
+        let meta = if rec.snapshot.index.0 > 0 {
+            snapshotter.load(rec.snapshot.index.0)?
         } else {
             SnapMeta::default()
         };
-        if sm.applied() < meta.index && meta.index > BOOTSTRAP_INDEX {
+        if sm.applied().0 < meta.index && meta.index > BOOTSTRAP_INDEX {
             // A snapshot from the leader was recorded but the state machine had not finished
             // restoring it: restore it again.
             let at = sm.applied();
             restore_received(&mut sm, &snapshotter, meta.index, meta.term).map_err(|e| {
                 Error::Unrestorable {
                     applied: at,
-                    index: meta.index,
+                    index: RaftIndex(meta.index),
                     source: Box::new(e),
                 }
             })?;
@@ -117,7 +118,7 @@ impl<O: Send + 'static> Driver<O> {
         let mut store = LogStore::new(meta.index, meta.term, meta.conf_state.clone(), hs);
         store.append(rec.entries);
         let raft_cfg = raft::Config {
-            id: cfg.id,
+            id: cfg.id.0,
             election_tick: cfg.election_ticks,
             heartbeat_tick: 1,
             // Committed entries after the snapshot are handed out again: membership changes
@@ -154,8 +155,8 @@ impl<O: Send + 'static> Driver<O> {
         {
             let mut st = shared.status.lock();
             st.members = meta.members.clone();
-            st.snapshot_index = meta.index;
-            st.applied = meta.index;
+            st.snapshot_index = RaftIndex(meta.index);
+            st.applied = RaftIndex(meta.index);
         }
         if let Some((path, at, n)) = &rec.repaired {
             tracing::warn!(segment = %path.display(), offset = at, bytes = n, "WAL torn tail repaired");

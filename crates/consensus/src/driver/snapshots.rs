@@ -8,6 +8,7 @@ use crate::member::Members;
 use crate::node::Result;
 use crate::snap::SnapMeta;
 use crate::wal::SnapshotMark;
+use ids::RaftIndex;
 
 use super::open::Driver;
 
@@ -28,7 +29,7 @@ impl<O: Send + 'static> Driver<O> {
         })?;
         fail::fail_point!("raft_snapshot_save");
         self.wal.save_snapshot(SnapshotMark {
-            index: meta.index,
+            index: RaftIndex(meta.index),
             term: meta.term,
         })?;
         self.raw.mut_store().apply_snapshot(&meta);
@@ -68,10 +69,13 @@ impl<O: Send + 'static> Driver<O> {
             members,
         })?;
         fail::fail_point!("raft_snapshot_save");
-        self.wal.save_snapshot(SnapshotMark { index, term })?;
+        self.wal.save_snapshot(SnapshotMark {
+            index: RaftIndex(index),
+            term,
+        })?;
         let keep_from = index.saturating_sub(self.cfg.snapshot_catchup_entries);
         self.raw.mut_store().compact(keep_from);
-        let wals = self.wal.purge(index, self.cfg.max_wals)?;
+        let wals = self.wal.purge(RaftIndex(index), self.cfg.max_wals)?;
         let prepared = self.raw.store().prepared_index();
         let snaps = self
             .shared

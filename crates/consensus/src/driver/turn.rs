@@ -17,6 +17,7 @@ use crate::node::{
     context, deadline, parse_context, Cmd, Error, Result, Role, Shared, TAG_MEMBER_UPDATE,
 };
 use crate::transport::SnapshotDone;
+use ids::{MemberId, RaftIndex};
 
 use super::open::{Driver, Pending};
 use super::reads::ReadWaiter;
@@ -64,7 +65,7 @@ impl<O: Send + 'static> Driver<O> {
         let mut slot = slot.lock();
         let Some(mut d) = slot.take() else { return };
         if let Err(e) = &result {
-            tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
+            tracing::error!(member = %d.cfg.id, "raft node stopped: {e}");
         }
         d.ended = true;
         d.shared.publish_sole_leader(false, 0);
@@ -82,7 +83,7 @@ impl<O: Send + 'static> Driver<O> {
         match slot {
             Some(d) if !d.ended => {
                 if let Err(e) = d.turn(&mut std::iter::empty(), false) {
-                    tracing::error!(member = %format!("{:x}", d.cfg.id), "raft node stopped: {e}");
+                    tracing::error!(member = %d.cfg.id, "raft node stopped: {e}");
                     // No more turns; the raft thread, woken, winds the node down.
                     d.ended = true;
                     let _ = shared.tx.send(Cmd::Stop);
@@ -186,7 +187,7 @@ impl<O: Send + 'static> Driver<O> {
             Cmd::Unreachable(id) => self.raw.report_unreachable(id),
             Cmd::RemovedByPeer(by) => {
                 if !self.removed {
-                    tracing::warn!(member = %format!("{:x}", self.cfg.id), peer = %format!("{by:x}"), "a peer says this member was removed from the cluster");
+                    tracing::warn!(member = %self.cfg.id, peer = %MemberId(by), "a peer says this member was removed from the cluster");
                     self.removed = true;
                     self.shared.fail_all(|| Error::Removed);
                     self.publish_status();
@@ -229,7 +230,7 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn propose(&mut self, seq: u64, data: Vec<u8>) {
-        let ctx = context(crate::node::TAG_PROPOSAL, self.cfg.id, seq, None);
+        let ctx = context(crate::node::TAG_PROPOSAL, self.cfg.id.0, seq, None);
         let r = if self.removed {
             Err(Error::Removed)
         } else {
@@ -448,29 +449,29 @@ impl<O: Send + 'static> Driver<O> {
             }
         }
         let mut st = self.shared.status.lock();
-        let leader = (r.leader_id != 0).then_some(r.leader_id);
+        let leader = (r.leader_id != 0).then_some(MemberId(r.leader_id));
         if leader.is_some() && leader != st.leader {
             crate::metrics::LEADER_CHANGES.inc();
         }
         st.leader = leader;
         st.term = r.term;
         st.role = role;
-        st.commit = r.raft_log.committed;
-        st.applied = self.applied;
-        st.snapshot_index = self.snapshot_index;
+        st.commit = RaftIndex(r.raft_log.committed);
+        st.applied = RaftIndex(self.applied);
+        st.snapshot_index = RaftIndex(self.snapshot_index);
         st.removed = self.removed;
         if role == Role::Leader {
             let prs = r.prs();
-            st.peers.retain(|id, _| prs.get(*id).is_some());
+            st.peers.retain(|id, _| prs.get(id.0).is_some());
             for (&id, pr) in prs.iter() {
                 if id == r.id {
                     continue;
                 }
-                let p = st.peers.entry(id).or_default();
-                p.matched = pr.matched;
-                p.active_since = self.transport.active_since(id);
+                let p = st.peers.entry(MemberId(id)).or_default();
+                p.matched = RaftIndex(pr.matched);
+                p.active_since = self.transport.active_since(MemberId(id));
             }
-            st.last_index = r.raft_log.last_index();
+            st.last_index = RaftIndex(r.raft_log.last_index());
         } else if !st.peers.is_empty() {
             st.peers.clear();
         }

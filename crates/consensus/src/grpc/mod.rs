@@ -29,7 +29,7 @@ pub mod pb {
     tonic::include_proto!("kvdpeer");
 }
 
-pub use join::fetch_members;
+pub use join::{fetch_members, FetchError};
 pub use sender::GrpcTransport;
 pub use service::{MembersFn, PeerService};
 pub use wire::MAX_MESSAGE;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::pb::Hello;
 use super::wire::{connect, request, Ident, OPEN_TIMEOUT};
 use crate::dial::Dialer;
+use ids::MemberId;
 
 /// How often a peer's round trip is measured (etcd's prober: 5 s).
 pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(5);
@@ -20,7 +21,7 @@ impl Drop for Prober {
 
 /// etcd's peer prober: every few seconds, the round trip of a small request on a connection of
 /// its own, into `etcd_network_peer_round_trip_time_seconds`.
-pub(super) async fn probe(ident: Ident, dialer: Dialer, to: u64, url: String) {
+pub(super) async fn probe(ident: Ident, dialer: Dialer, to: MemberId, url: String) {
     let rtt = crate::metrics::PEER_RTT.with_label_values(&[&crate::metrics::peer(to)]);
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -32,7 +33,7 @@ pub(super) async fn probe(ident: Ident, dialer: Dialer, to: u64, url: String) {
         }
         let Some(c) = client.as_mut() else { continue };
         let t = std::time::Instant::now();
-        let req = request(Hello::default(), ident.cluster, ident.me, to);
+        let req = request(Hello::default(), ident, to);
         match tokio::time::timeout(OPEN_TIMEOUT, c.probe(req)).await {
             Ok(Ok(_)) => rtt.observe(t.elapsed().as_secs_f64()),
             _ => client = None,

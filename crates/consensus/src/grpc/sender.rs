@@ -21,6 +21,7 @@ use super::wire::{check_hello, connect, refused, request, Ident, OPEN_TIMEOUT, R
 use crate::dial::Dialer;
 use crate::member::Members;
 use crate::transport::{Reporter, SnapshotDone, Transport};
+use ids::{ClusterId, MemberId};
 
 /// Messages queued for one peer before raft is told it is unreachable.
 pub(super) const QUEUE: usize = 4096;
@@ -43,7 +44,7 @@ impl Drop for PeerLink {
 }
 
 /// Since when each peer's stream has been up (a peer leaves it when its stream breaks).
-pub(super) type Active = Arc<Mutex<HashMap<u64, std::time::Instant>>>;
+pub(super) type Active = Arc<Mutex<HashMap<MemberId, std::time::Instant>>>;
 
 /// The sending side: implements [`Transport`] with one stream per peer.
 #[derive(Debug)]
@@ -52,15 +53,15 @@ pub struct GrpcTransport {
     pub(super) dialer: Dialer,
     pub(super) rt: Handle,
     pub(super) reporter: Option<Reporter>,
-    pub(super) peers: HashMap<u64, PeerLink>,
-    pub(super) errors: Arc<Mutex<HashMap<u64, String>>>,
+    pub(super) peers: HashMap<MemberId, PeerLink>,
+    pub(super) errors: Arc<Mutex<HashMap<MemberId, String>>>,
     pub(super) active: Active,
 }
 
 impl GrpcTransport {
     /// A transport for member `id` of `cluster_id`, dialing its peers with `dialer` and
     /// running its tasks on `rt`.
-    pub fn new(cluster_id: u64, id: u64, dialer: Dialer, rt: Handle) -> Self {
+    pub fn new(id: MemberId, cluster_id: ClusterId, dialer: Dialer, rt: Handle) -> Self {
         GrpcTransport {
             ident: Ident {
                 cluster: cluster_id,
@@ -76,7 +77,7 @@ impl GrpcTransport {
     }
 
     /// The last error seen with each peer that currently has one (cleared on success).
-    pub fn errors(&self) -> Arc<Mutex<HashMap<u64, String>>> {
+    pub fn errors(&self) -> Arc<Mutex<HashMap<MemberId, String>>> {
         self.errors.clone()
     }
 }
@@ -88,9 +89,9 @@ impl Transport for GrpcTransport {
 
     fn send(&mut self, msgs: Vec<Message>) {
         for m in msgs {
-            let to = m.to;
+            let to = MemberId(m.to);
             let Some(p) = self.peers.get(&to) else {
-                tracing::debug!(to, "message to an unknown peer dropped");
+                tracing::debug!(%to, "message to an unknown peer dropped");
                 continue;
             };
             if p.tx.try_send(m).is_err() {
@@ -105,7 +106,7 @@ impl Transport for GrpcTransport {
     }
 
     fn send_snapshot(&mut self, msg: Message, data: PathBuf, done: SnapshotDone) {
-        let Some(p) = self.peers.get(&msg.to) else {
+        let Some(p) = self.peers.get(&MemberId(msg.to)) else {
             return done.finish(false);
         };
         let urls = p.urls.clone();
@@ -113,11 +114,11 @@ impl Transport for GrpcTransport {
         let dialer = self.dialer.clone();
         let errors = self.errors.clone();
         self.rt.spawn(async move {
-            let to = msg.to;
+            let to = MemberId(msg.to);
             match send_snapshot(ident, &dialer, &urls, msg, data).await {
                 Ok(()) => done.finish(true),
                 Err(e) => {
-                    tracing::warn!(peer = %format!("{to:x}"), "snapshot not delivered: {e}");
+                    tracing::warn!(peer = %to, "snapshot not delivered: {e}");
                     errors.lock().insert(to, e);
                     done.finish(false);
                 }
@@ -125,7 +126,7 @@ impl Transport for GrpcTransport {
         });
     }
 
-    fn active_since(&self, peer: u64) -> Option<std::time::Instant> {
+    fn active_since(&self, peer: MemberId) -> Option<std::time::Instant> {
         self.active.lock().get(&peer).copied()
     }
 
@@ -164,11 +165,11 @@ impl Transport for GrpcTransport {
 /// One peer's sender: connect, stream batches, reconnect with backoff.
 pub(super) async fn run_peer(
     (ident, dialer): (Ident, Dialer),
-    to: u64,
+    to: MemberId,
     urls: Vec<String>,
     mut rx: mpsc::Receiver<Message>,
     reporter: Reporter,
-    errors: Arc<Mutex<HashMap<u64, String>>>,
+    errors: Arc<Mutex<HashMap<MemberId, String>>>,
     active: Active,
 ) {
     let mut backoff = BACKOFF_MIN;
@@ -179,14 +180,14 @@ pub(super) async fn run_peer(
         match stream_to(ident, &dialer, to, url, &mut rx, &errors, &active).await {
             Ok(()) => return, // the node dropped this peer
             Err(e) if e.contains(REMOVED) => {
-                tracing::warn!(peer = %format!("{to:x}"), "{e}");
+                tracing::warn!(peer = %to, "{e}");
                 reporter.removed_by(to);
                 return;
             }
             Err(e) => {
                 let first = errors.lock().insert(to, e.clone()).as_ref() != Some(&e);
                 if first {
-                    tracing::warn!(peer = %format!("{to:x}"), "{e}");
+                    tracing::warn!(peer = %to, "{e}");
                 }
                 reporter.unreachable(to);
             }
@@ -201,17 +202,17 @@ pub(super) async fn run_peer(
 pub(super) async fn stream_to(
     ident: Ident,
     dialer: &Dialer,
-    to: u64,
+    to: MemberId,
     url: &str,
     rx: &mut mpsc::Receiver<Message>,
-    errors: &Mutex<HashMap<u64, String>>,
-    active: &Mutex<HashMap<u64, std::time::Instant>>,
+    errors: &Mutex<HashMap<MemberId, String>>,
+    active: &Mutex<HashMap<MemberId, std::time::Instant>>,
 ) -> Result<(), String> {
     // A peer that accepts connections but never answers must not hold the link forever.
     let open = async {
         let mut client = connect(dialer, url).await?;
         let (btx, brx) = mpsc::channel::<Batch>(16);
-        let req = request(ReceiverStream::new(brx), ident.cluster, ident.me, to);
+        let req = request(ReceiverStream::new(brx), ident, to);
         let mut resp = client
             .stream(req)
             .await
@@ -243,9 +244,9 @@ pub(super) async fn stream_to(
             m = rx.recv() => {
                 let Some(m) = m else { return Ok(()) };
                 let mut batch = Batch {
-                    cluster_id: ident.cluster,
-                    from: ident.me,
-                    to,
+                    cluster_id: ident.cluster.0,
+                    from: ident.me.0,
+                    to: to.0,
                     messages: Vec::new(),
                 };
                 let mut bytes = 0;
@@ -272,8 +273,8 @@ pub(super) async fn stream_to(
 /// Marks a peer's stream down when it ends, however it ends (unless a newer stream to the
 /// same peer, after a change of its URLs, is up by then).
 pub(super) struct Up<'a> {
-    pub(super) active: &'a Mutex<HashMap<u64, std::time::Instant>>,
-    pub(super) to: u64,
+    pub(super) active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+    pub(super) to: MemberId,
     pub(super) since: std::time::Instant,
 }
 

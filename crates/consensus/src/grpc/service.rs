@@ -17,12 +17,13 @@ use super::pb::{Batch, Hello, MembersReply, MembersRequest, PeerMember, Snapshot
 use super::wire::{meta_id, removed, MAX_MESSAGE, META_CLUSTER, META_FROM, META_TO};
 use crate::member::Members;
 use crate::node::Inbox;
+use ids::{ClusterId, MemberId};
 
 /// The receiving side: raft messages from peers into the local node.
 #[derive(Clone)]
 pub struct PeerService {
-    pub(super) cluster_id: u64,
-    pub(super) id: u64,
+    pub(super) id: MemberId,
+    pub(super) cluster_id: ClusterId,
     pub(super) inbox: Inbox,
     pub(super) members: Option<MembersFn>,
 }
@@ -40,10 +41,10 @@ impl std::fmt::Debug for PeerService {
 }
 
 impl PeerService {
-    pub fn new(cluster_id: u64, id: u64, inbox: Inbox) -> Self {
+    pub fn new(id: MemberId, cluster_id: ClusterId, inbox: Inbox) -> Self {
         PeerService {
-            cluster_id,
             id,
+            cluster_id,
             inbox,
             members: None,
         }
@@ -63,18 +64,18 @@ impl PeerService {
     }
 
     /// Refuses a peer of another cluster, or a request meant for another member.
-    fn admit(&self, md: &MetadataMap) -> Result<u64, Status> {
-        let cluster = meta_id(md, META_CLUSTER)?;
-        let from = meta_id(md, META_FROM)?;
-        let to = meta_id(md, META_TO)?;
+    fn admit(&self, md: &MetadataMap) -> Result<MemberId, Status> {
+        let cluster = ClusterId(meta_id(md, META_CLUSTER)?);
+        let from = MemberId(meta_id(md, META_FROM)?);
+        let to = MemberId(meta_id(md, META_TO)?);
         if cluster != self.cluster_id {
             tracing::error!(
-                peer = %format!("{from:x}"),
-                "refused a peer of cluster {cluster:x}: this member is in cluster {:x}",
+                peer = %from,
+                "refused a peer of cluster {cluster}: this member is in cluster {}",
                 self.cluster_id
             );
             return Err(Status::failed_precondition(format!(
-                "cluster id mismatch: member {:x} is in cluster {:x}, the sender ({from:x}) in cluster {cluster:x}",
+                "cluster id mismatch: member {} is in cluster {}, the sender ({from}) in cluster {cluster}",
                 self.id, self.cluster_id
             )));
         }
@@ -83,7 +84,7 @@ impl PeerService {
         }
         if to != self.id {
             return Err(Status::failed_precondition(format!(
-                "member id mismatch: this is member {:x}, the sender ({from:x}) wanted {to:x}",
+                "member id mismatch: this is member {}, the sender ({from}) wanted {to}",
                 self.id
             )));
         }
@@ -92,8 +93,8 @@ impl PeerService {
 
     fn hello(&self) -> Hello {
         Hello {
-            cluster_id: self.cluster_id,
-            member_id: self.id,
+            cluster_id: self.cluster_id.0,
+            member_id: self.id.0,
         }
     }
 }
@@ -121,7 +122,7 @@ impl Peer for PeerService {
                     Ok(Some(b)) => b,
                     Ok(None) => break,
                     Err(e) => {
-                        tracing::debug!(peer = %format!("{from:x}"), "peer stream ended: {e}");
+                        tracing::debug!(peer = %from, "peer stream ended: {e}");
                         break;
                     }
                 };
@@ -129,7 +130,7 @@ impl Peer for PeerService {
                     let _ = tx.send(Err(removed(from, me.cluster_id))).await;
                     break;
                 }
-                if batch.cluster_id != me.cluster_id || batch.to != me.id {
+                if batch.cluster_id != me.cluster_id.0 || batch.to != me.id.0 {
                     let _ = tx
                         .send(Err(Status::failed_precondition(
                             "cluster or member id mismatch",
@@ -141,7 +142,9 @@ impl Peer for PeerService {
                 received.inc_by(bytes as u64);
                 for raw in &batch.messages {
                     match Message::parse_from_bytes(raw) {
-                        Ok(m) if m.to == me.id && m.get_msg_type() != MessageType::MsgSnapshot => {
+                        Ok(m)
+                            if m.to == me.id.0 && m.get_msg_type() != MessageType::MsgSnapshot =>
+                        {
                             if me.inbox.step(m).is_err() {
                                 return;
                             }
@@ -177,7 +180,7 @@ impl Peer for PeerService {
         let members = f()
             .iter()
             .map(|m| PeerMember {
-                id: m.id,
+                id: m.id.0,
                 name: m.name.clone(),
                 peer_urls: m.peer_urls.clone(),
                 client_urls: m.client_urls.clone(),
@@ -185,7 +188,7 @@ impl Peer for PeerService {
             })
             .collect();
         Ok(Response::new(MembersReply {
-            cluster_id: self.cluster_id,
+            cluster_id: self.cluster_id.0,
             members,
         }))
     }
@@ -207,13 +210,13 @@ impl Peer for PeerService {
             .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
         let msg = Message::parse_from_bytes(&first.message)
             .map_err(|e| Status::invalid_argument(format!("bad snapshot message: {e}")))?;
-        if msg.get_msg_type() != MessageType::MsgSnapshot || msg.to != self.id {
+        if msg.get_msg_type() != MessageType::MsgSnapshot || msg.to != self.id.0 {
             return Err(Status::invalid_argument(
                 "not a snapshot message for this member",
             ));
         }
         let index = msg.get_snapshot().get_metadata().index;
-        tracing::info!(peer = %format!("{from:x}"), index, "receiving a snapshot");
+        tracing::info!(peer = %from, index, "receiving a snapshot");
         // The node reads the data on a blocking thread; chunks reach it through a small
         // channel, so a slow disk slows the sender (HTTP/2 flow control) instead of buffering.
         let (tx, rx) = mpsc::channel::<io::Result<Vec<u8>>>(4);

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::pb::SnapshotChunk;
 use super::wire::{check_hello, connect, refused, request, Ident};
 use crate::dial::Dialer;
+use ids::MemberId;
 
 /// The bytes of snapshot data in one chunk.
 pub(super) const CHUNK: usize = 1 << 20;
@@ -23,7 +24,7 @@ pub(super) async fn send_snapshot(
     msg: Message,
     data: PathBuf,
 ) -> Result<(), String> {
-    let to = msg.to;
+    let to = MemberId(msg.to);
     // The first of the peer's URLs that takes a connection (as the message stream goes round
     // them): one that is down must not keep a lagging member from ever catching up.
     let mut tried = Err(String::from("no peer URL"));
@@ -54,9 +55,9 @@ pub(super) async fn send_snapshot(
             total += n as u64;
             let last = n < CHUNK;
             let chunk = SnapshotChunk {
-                cluster_id: ident.cluster,
-                from: ident.me,
-                to,
+                cluster_id: ident.cluster.0,
+                from: ident.me.0,
+                to: to.0,
                 message: first.take().unwrap_or_default(),
                 data: buf,
             };
@@ -65,13 +66,13 @@ pub(super) async fn send_snapshot(
             }
         }
     });
-    let req = request(ReceiverStream::new(rx), ident.cluster, ident.me, to);
+    let req = request(ReceiverStream::new(rx), ident, to);
     let resp = client.snapshot(req).await.map_err(|s| refused(url, s))?;
     check_hello(ident, to, url, resp.get_ref())?;
     let bytes = reader
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("reading the snapshot: {e}"))?;
-    tracing::info!(peer = %format!("{to:x}"), bytes, "snapshot sent");
+    tracing::info!(peer = %to, bytes, "snapshot sent");
     Ok(())
 }

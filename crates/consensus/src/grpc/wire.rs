@@ -9,13 +9,14 @@ use tonic::{Request, Status};
 use super::pb::peer_client::PeerClient;
 use super::pb::Hello;
 use crate::dial::Dialer;
+use ids::{ClusterId, MemberId};
 
 /// How a peer refuses a removed member (the sender stops on seeing it).
 pub(super) const REMOVED: &str = "the member has been permanently removed from the cluster";
 /// The refusal a removed member gets.
-pub(super) fn removed(from: u64, cluster: u64) -> Status {
+pub(super) fn removed(from: MemberId, cluster: ClusterId) -> Status {
     Status::failed_precondition(format!(
-        "{REMOVED}: member {from:x} was removed from cluster {cluster:x}"
+        "{REMOVED}: member {from} was removed from cluster {cluster}"
     ))
 }
 
@@ -30,10 +31,15 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 pub(super) const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A request carrying the sender's identity and its target in metadata.
-pub(super) fn request<T>(msg: T, cluster: u64, from: u64, to: u64) -> Request<T> {
+pub(super) fn request<T>(msg: T, ident: Ident, to: MemberId) -> Request<T> {
     let mut r = Request::new(msg);
     let md = r.metadata_mut();
-    for (k, v) in [(META_CLUSTER, cluster), (META_FROM, from), (META_TO, to)] {
+    let ids = [
+        (META_CLUSTER, ident.cluster.0),
+        (META_FROM, ident.me.0),
+        (META_TO, to.0),
+    ];
+    for (k, v) in ids {
         if let Ok(v) = format!("{v:x}").parse() {
             md.insert(k, v);
         }
@@ -52,8 +58,8 @@ pub(super) fn meta_id(md: &MetadataMap, key: &str) -> Result<u64, Status> {
 /// Who this member is: its cluster and its id.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ident {
-    pub(super) cluster: u64,
-    pub(super) me: u64,
+    pub(super) cluster: ClusterId,
+    pub(super) me: MemberId,
 }
 
 /// A client for the peer at `url`, with keepalive and the message limit.
@@ -67,18 +73,21 @@ pub(super) async fn connect(
                 .http2_keep_alive_interval(Duration::from_secs(5))
                 .keep_alive_timeout(Duration::from_secs(5))
         })
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(PeerClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE))
 }
 
 /// Checks the identity a peer answered with.
-pub(super) fn check_hello(ident: Ident, to: u64, url: &str, h: &Hello) -> Result<(), String> {
-    if h.cluster_id != ident.cluster || h.member_id != to {
+pub(super) fn check_hello(ident: Ident, to: MemberId, url: &str, h: &Hello) -> Result<(), String> {
+    let (member, cluster) = (MemberId(h.member_id), ClusterId(h.cluster_id));
+    if cluster != ident.cluster || member != to {
         return Err(format!(
-            "peer at {url} is member {:x} of cluster {:x}; expected member {to:x} of cluster {:x}",
-            h.member_id, h.cluster_id, ident.cluster
+            "peer at {url} is member {member} of cluster {cluster}; expected member {to} of \
+             cluster {}",
+            ident.cluster
         ));
     }
     Ok(())

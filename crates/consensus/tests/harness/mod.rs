@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use consensus::{
-    Change, Committed, Config, Inbox, Member, Members, Message, RaftNode, Reporter, Role,
-    SnapshotDone, Start, StateMachine, Transport,
+    Change, ClusterId, Committed, Config, Inbox, Member, MemberId, Members, Message, RaftIndex,
+    RaftNode, Reporter, Role, SnapshotDone, Start, StateMachine, Transport,
 };
 use parking_lot::{Condvar, Mutex};
 use rand::Rng;
@@ -109,8 +109,8 @@ impl StateMachine for TestSm {
     /// The index the proposal was applied at.
     type Output = u64;
 
-    fn applied(&self) -> u64 {
-        self.state.lock().applied
+    fn applied(&self) -> RaftIndex {
+        RaftIndex(self.state.lock().applied)
     }
 
     fn apply(&mut self, batch: &[Committed<'_>]) -> io::Result<Vec<u64>> {
@@ -119,17 +119,13 @@ impl StateMachine for TestSm {
         let mut st = self.state.lock();
         let mut out = Vec::with_capacity(batch.len());
         for c in batch {
-            assert!(
-                c.index > st.applied,
-                "applied {} after {}",
-                c.index,
-                st.applied
-            );
-            st.applied = c.index;
+            let index = c.index.0;
+            assert!(index > st.applied, "applied {index} after {}", st.applied);
+            st.applied = index;
             if let Some(d) = c.data.filter(|_| !st.light) {
-                st.log.push((c.index, d.to_vec()));
+                st.log.push((index, d.to_vec()));
             }
-            out.push(c.index);
+            out.push(index);
         }
         Ok(out)
     }
@@ -143,7 +139,8 @@ impl StateMachine for TestSm {
         Ok(Box::new(Cursor::new(self.state.lock().encode())))
     }
 
-    fn restore(&mut self, index: u64, _term: u64, data: &mut dyn Read) -> io::Result<()> {
+    fn restore(&mut self, index: RaftIndex, _term: u64, data: &mut dyn Read) -> io::Result<()> {
+        let index = index.0;
         let mut b = Vec::new();
         data.read_to_end(&mut b)?;
         let mut new = SmState::decode(&b)?;
@@ -349,7 +346,7 @@ pub struct Cluster {
     pub rt: tokio::runtime::Runtime,
 }
 
-pub const CLUSTER_ID: u64 = 0x6b7664;
+pub const CLUSTER_ID: ClusterId = ClusterId(0x6b7664);
 
 pub fn fast(c: &mut Config) {
     c.heartbeat = Duration::from_millis(10);
@@ -360,7 +357,7 @@ pub fn fast(c: &mut Config) {
 
 pub fn member(id: u64) -> Member {
     Member {
-        id,
+        id: MemberId(id),
         name: format!("m{id}"),
         peer_urls: vec![format!("http://127.0.0.1:{}", 2380 + id)],
         client_urls: vec![],
@@ -425,7 +422,7 @@ impl Cluster {
     }
 
     pub fn config(&self, id: u64) -> Config {
-        let mut cfg = Config::new(id, CLUSTER_ID, self.member_dir(id));
+        let mut cfg = Config::new(MemberId(id), CLUSTER_ID, self.member_dir(id));
         (self.tune)(&mut cfg);
         cfg
     }
@@ -488,7 +485,7 @@ impl Cluster {
                 .values()
                 .map(|n| n.status())
                 .filter(|s| s.role == Role::Leader)
-                .map(|s| (s.term, s.id))
+                .map(|s| (s.term, s.id.0))
                 .collect();
             leaders.sort();
             if let Some(&(term, id)) = leaders.last() {
@@ -497,7 +494,7 @@ impl Cluster {
                     .values()
                     .map(|n| n.status())
                     .filter(|s| !s.removed && s.members.get(s.id).is_some_and(|m| !m.is_learner))
-                    .all(|s| s.leader == Some(id) && s.term == term);
+                    .all(|s| s.leader == Some(MemberId(id)) && s.term == term);
                 if agreed {
                     return id;
                 }
@@ -544,7 +541,7 @@ impl Cluster {
     }
 
     pub fn read_index(&self, via: u64) -> consensus::Result<u64> {
-        self.rt.block_on(self.node(via).read_index())
+        self.rt.block_on(self.node(via).read_index()).map(|i| i.0)
     }
 
     pub fn change(&self, via: u64, change: Change) -> consensus::Result<Members> {
@@ -557,7 +554,7 @@ impl Cluster {
         loop {
             // A status is published after the Ready that committed an entry, which can be
             // after the entry is applied: the target is the furthest of both.
-            let commits: Vec<u64> = self.nodes.values().map(|n| n.status().commit).collect();
+            let commits: Vec<u64> = self.nodes.values().map(|n| n.status().commit.0).collect();
             let applied: Vec<u64> = self
                 .nodes
                 .keys()

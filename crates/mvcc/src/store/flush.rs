@@ -35,8 +35,8 @@ pub fn init_metrics() {
 /// What a flush writes besides revisions: lease, alarm, auth and downgrade changes.
 #[derive(Clone, Copy)]
 pub(super) struct Side<'a> {
-    pub(super) leases: &'a std::collections::BTreeMap<i64, Option<[u8; 16]>>,
-    pub(super) alarms: &'a std::collections::BTreeMap<(u64, i32), bool>,
+    pub(super) leases: &'a std::collections::BTreeMap<ids::LeaseId, Option<[u8; 16]>>,
+    pub(super) alarms: &'a std::collections::BTreeMap<(ids::MemberId, i32), bool>,
     pub(super) auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
     pub(super) downgrade: Option<&'a api::etcdserverpb::DowngradeInfo>,
 }
@@ -159,9 +159,9 @@ impl Inner {
             let mut b = tx.bucket(LEASE_BUCKET)?;
             for (id, v) in leases {
                 match v {
-                    Some(v) => b.put(&id.to_be_bytes(), v)?,
+                    Some(v) => b.put(&id.0.to_be_bytes(), v)?,
                     None => {
-                        b.delete(&id.to_be_bytes())?;
+                        b.delete(&id.0.to_be_bytes())?;
                     }
                 }
             }
@@ -174,7 +174,7 @@ impl Inner {
         }
         {
             let mut meta = tx.bucket(META_BUCKET)?;
-            meta.put(CONSISTENT_INDEX, &(applied.index as i64).to_be_bytes())?;
+            meta.put(CONSISTENT_INDEX, &(applied.index.0 as i64).to_be_bytes())?;
             meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
             if let Some(d) = side.downgrade {
                 meta.put(crate::downgrade::KEY, &prost::Message::encode_to_vec(d))?;

@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ids::{RaftIndex, Revision};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::compaction::CompactJob;
@@ -58,7 +59,7 @@ impl Default for StoreOptions {
 /// The consensus position the stored data covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Applied {
-    pub index: u64,
+    pub index: RaftIndex,
     pub term: u64,
 }
 
@@ -233,13 +234,13 @@ impl Store {
     }
 
     /// The current revision.
-    pub fn rev(&self) -> i64 {
-        self.inner.view.read().rev
+    pub fn rev(&self) -> Revision {
+        Revision(self.inner.view.read().rev)
     }
 
     /// The compaction revision (-1 before any compaction).
-    pub fn compacted(&self) -> i64 {
-        self.inner.state.lock().compacted
+    pub fn compacted(&self) -> Revision {
+        Revision(self.inner.state.lock().compacted)
     }
 
     /// The consensus position the applied writes reach.
@@ -332,10 +333,10 @@ impl Store {
     }
 
     /// Blocks until the physical compaction at `rev` (or a later one) has finished.
-    pub fn wait_compaction(&self, rev: i64) -> Result<()> {
+    pub fn wait_compaction(&self, rev: Revision) -> Result<()> {
         let (m, cv) = &self.inner.finished;
         let mut done = m.lock();
-        while *done < rev {
+        while *done < rev.0 {
             if let Some(f) = &self.inner.state.lock().failed {
                 return Err(Error::Stopped(f.clone()));
             }

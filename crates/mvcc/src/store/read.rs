@@ -14,6 +14,7 @@ use super::pending::Pending;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::revision::Rev;
+use ids::Revision;
 
 /// The result of a range read at one revision (etcd's `RangeResult`).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -22,7 +23,7 @@ pub struct RangeResult {
     /// Keys in the range at the read revision, ignoring the limit.
     pub count: i64,
     /// The revision of the view the read ran in.
-    pub rev: i64,
+    pub rev: Revision,
 }
 
 /// Options of a range read.
@@ -31,7 +32,7 @@ pub struct RangeOptions {
     /// At most this many keys (0 = all).
     pub limit: i64,
     /// Read at this revision (<= 0 = the view's).
-    pub rev: i64,
+    pub rev: Revision,
     /// Count only.
     pub count: bool,
 }
@@ -94,10 +95,11 @@ impl Reader {
         cur_rev: i64,
         ro: RangeOptions,
     ) -> Result<RangeResult> {
-        if ro.rev > cur_rev {
+        let rev = ro.rev.0;
+        if rev > cur_rev {
             return Err(Error::FutureRev);
         }
-        let at = if ro.rev <= 0 { cur_rev } else { ro.rev };
+        let at = if rev <= 0 { cur_rev } else { rev };
         let ix = inner.index.read();
         if at < ix.compacted() {
             return Err(Error::Compacted);
@@ -107,7 +109,7 @@ impl Reader {
             return Ok(RangeResult {
                 kvs: Vec::new(),
                 count,
-                rev: cur_rev,
+                rev: Revision(cur_rev),
             });
         }
         let limit = if ro.limit <= 0 {
@@ -132,7 +134,7 @@ impl Reader {
         Ok(RangeResult {
             kvs,
             count: total,
-            rev: cur_rev,
+            rev: Revision(cur_rev),
         })
     }
 
@@ -192,8 +194,8 @@ impl std::fmt::Debug for Snapshot {
 
 impl Snapshot {
     /// The revision this view reads at.
-    pub fn rev(&self) -> i64 {
-        self.rev
+    pub fn rev(&self) -> Revision {
+        Revision(self.rev)
     }
 
     /// Calls `f` with every stored revision (live, historical or tombstone) in order: what

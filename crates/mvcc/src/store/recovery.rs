@@ -7,6 +7,7 @@ use std::path::Path;
 use prost::Message;
 
 use api::mvccpb::KeyValue;
+use ids::{LeaseId, RaftIndex};
 
 use super::layout::{
     be_i64, corrupt, CONSISTENT_INDEX, FINISHED_COMPACT, KEY_BUCKET, LEASE_BUCKET, META_BUCKET,
@@ -50,19 +51,20 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
     let compacted = read_i64(FINISHED_COMPACT)?.unwrap_or(-1);
     let scheduled = read_i64(SCHEDULED_COMPACT)?.unwrap_or(-1);
     let applied = Applied {
-        index: read_i64(CONSISTENT_INDEX)?.map_or(0, |v| v as u64),
+        index: RaftIndex(read_i64(CONSISTENT_INDEX)?.map_or(0, |v| v as u64)),
         term: read_i64(TERM)?.map_or(0, |v| v as u64),
     };
     let mut lessor = Lessor::new(0);
     for e in tx.bucket(LEASE_BUCKET)?.iter() {
         let (k, v) = e?;
         let id = be_i64(k)
+            .map(LeaseId)
             .ok_or_else(|| corrupt(path, format!("lease bucket key {k:?} is not an id")))?;
         let lease =
-            Lease::decode(v).ok_or_else(|| corrupt(path, format!("lease {id:x} is damaged")))?;
+            Lease::decode(v).ok_or_else(|| corrupt(path, format!("lease {id} is damaged")))?;
         lessor.restore(id, lease);
     }
-    let mut key_lease: HashMap<Vec<u8>, i64> = HashMap::new();
+    let mut key_lease: HashMap<Vec<u8>, LeaseId> = HashMap::new();
     let mut index = Index::new();
     let mut rev = 1;
     for e in tx.bucket(KEY_BUCKET)?.iter() {
@@ -81,7 +83,7 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
         } else {
             index.restore_put(&kv.key, r, kv.create_revision, kv.version);
             if kv.lease != 0 {
-                key_lease.insert(kv.key, kv.lease);
+                key_lease.insert(kv.key, LeaseId(kv.lease));
             } else {
                 key_lease.remove(&kv.key);
             }

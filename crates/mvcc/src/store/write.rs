@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use ids::Revision;
 use parking_lot::MutexGuard;
 
 use super::open::{Applied, Inner, Store};
@@ -87,7 +88,8 @@ impl Writer<'_> {
 
     /// Schedules compaction at `rev`: reads below it fail from now on; the history is removed
     /// in the background, in bounded steps.
-    pub fn compact(&mut self, rev: i64) -> Result<i64> {
+    pub fn compact(&mut self, rev: Revision) -> Result<Revision> {
+        let rev = rev.0;
         let st = self.state();
         if rev <= st.compacted {
             return Err(Error::Compacted);
@@ -99,7 +101,7 @@ impl Writer<'_> {
         st.new_compaction = Some(rev);
         let cur = st.rev;
         self.store.inner.index.write().set_compacted(rev);
-        Ok(cur)
+        Ok(Revision(cur))
     }
 }
 

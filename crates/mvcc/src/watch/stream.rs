@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use ids::Revision;
 use parking_lot::{Condvar, Mutex};
 
 use api::etcdserverpb::watch_create_request::FilterType;
@@ -35,10 +36,10 @@ pub struct WatchResponse {
     /// In revision order. Empty in a progress notification.
     pub events: Vec<Event>,
     /// The store revision the response is current to.
-    pub revision: i64,
+    pub revision: Revision,
     /// Non-zero when the watcher was cancelled because it needed revisions below this,
     /// already compacted.
-    pub compact_revision: i64,
+    pub compact_revision: Revision,
 }
 
 #[derive(Debug, Default)]
@@ -177,7 +178,7 @@ struct Watchers {
 /// let id = stream.watch(&WatchCreateRequest { key: b"k".to_vec(), ..Default::default() }).unwrap();
 /// store.write().unwrap().put(&PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), ..Default::default() }).unwrap();
 /// let resp = stream.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
-/// assert_eq!((resp.watch_id, resp.revision), (id, 2));
+/// assert_eq!((resp.watch_id, resp.revision), (id, ids::Revision(2)));
 /// assert_eq!(resp.events[0].kv.as_ref().unwrap().value, b"v");
 /// ```
 #[derive(Debug)]
@@ -288,8 +289,8 @@ impl WatchStream {
     }
 
     /// The revision the store's watchers have been notified up to.
-    pub fn rev(&self) -> i64 {
-        self.inner.hub.rev()
+    pub fn rev(&self) -> Revision {
+        Revision(self.inner.hub.rev())
     }
 
     /// The next response, waiting until one comes; `None` once the store is closed and the
@@ -344,7 +345,7 @@ impl WatchStream {
         match item {
             Item::Progress { watch_id, revision } => Some(WatchResponse {
                 watch_id,
-                revision,
+                revision: Revision(revision),
                 ..Default::default()
             }),
             Item::Compacted {
@@ -352,7 +353,7 @@ impl WatchStream {
                 compact_revision,
             } => (!spec.canceled.load(Ordering::Acquire)).then(|| WatchResponse {
                 watch_id: spec.id,
-                compact_revision,
+                compact_revision: Revision(compact_revision),
                 ..Default::default()
             }),
             Item::Events {
@@ -379,8 +380,8 @@ impl WatchStream {
                 Some(WatchResponse {
                     watch_id: spec.id,
                     events,
-                    revision,
-                    compact_revision: 0,
+                    revision: Revision(revision),
+                    compact_revision: Revision(0),
                 })
             }
         }
@@ -398,7 +399,7 @@ impl WatchStream {
                 continue;
             }
             let ro = RangeOptions {
-                rev: kv.mod_revision - 1,
+                rev: Revision(kv.mod_revision - 1),
                 ..Default::default()
             };
             if let Ok(r) = snap.range_keys(&kv.key, &[], ro) {

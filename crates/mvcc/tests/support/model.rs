@@ -13,6 +13,7 @@ use api::etcdserverpb::{
     PutResponse, RangeRequest, RangeResponse, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
 use api::mvccpb::KeyValue;
+use ids::Revision;
 use mvcc::{Store, StoreOptions};
 
 pub type State = BTreeMap<Vec<u8>, KeyValue>;
@@ -351,7 +352,7 @@ pub fn run(ops: Vec<Op>, batch_limit: usize) {
             }
             Op::Compact(back) => {
                 let rev = model.rev() - back;
-                let got = map_err(store.write().unwrap().compact(rev).map(|_| ()));
+                let got = map_err(store.write().unwrap().compact(Revision(rev)).map(|_| ()));
                 assert_eq!(got, model.compact(rev), "compact {rev}");
             }
             Op::Flush => store.flush().unwrap(),
@@ -360,8 +361,8 @@ pub fn run(ops: Vec<Op>, batch_limit: usize) {
                 store = Store::open(&path, opts.clone()).unwrap();
             }
         }
-        assert_eq!(store.rev(), model.rev());
-        assert_eq!(store.compacted(), model.compacted);
+        assert_eq!(store.rev().0, model.rev());
+        assert_eq!(store.compacted().0, model.compacted);
     }
     // Every revision not compacted still reads back whole.
     let from = model.compacted.max(1);

@@ -12,6 +12,8 @@ use base64::Engine;
 use mvcc::Writer;
 
 use super::check::{Auth, AuthError};
+use ids::RaftIndex;
+
 use super::perms::{valid_permission_range, ROOT};
 use super::token::Tokens;
 use crate::request::{InternalAuthenticate, Op, Response};
@@ -19,7 +21,7 @@ use crate::request::{InternalAuthenticate, Op, Response};
 type Result<T> = std::result::Result<T, AuthError>;
 
 /// Applies auth op `op` (an op for which [`is_auth`] holds) in the entry at `index`.
-pub fn apply(w: &mut Writer<'_>, auth: &Auth, op: Op, index: u64) -> Result<Response> {
+pub fn apply(w: &mut Writer<'_>, auth: &Auth, op: Op, index: RaftIndex) -> Result<Response> {
     match op {
         Op::AuthEnable(_) => enable(w).map(|()| Response::AuthDone),
         Op::AuthDisable(_) => {
@@ -89,7 +91,7 @@ fn authenticate(
     w: &mut Writer<'_>,
     auth: &Auth,
     a: InternalAuthenticate,
-    index: u64,
+    index: RaftIndex,
 ) -> Result<Response> {
     let data = w.auth();
     if !data.enabled {

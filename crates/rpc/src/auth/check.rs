@@ -10,6 +10,8 @@ use mvcc::AuthData;
 use parking_lot::Mutex;
 use tonic::Status;
 
+use ids::LeaseId;
+
 use super::password::Passwords;
 use super::perms::{Checks, Need, Perms};
 use super::token::Tokens;
@@ -151,7 +153,7 @@ impl Auth {
 }
 
 /// Finds the keys attached to a lease (None: no such lease).
-pub type LeaseKeys<'a> = dyn Fn(i64) -> Option<Vec<Vec<u8>>> + 'a;
+pub type LeaseKeys<'a> = dyn Fn(LeaseId) -> Option<Vec<Vec<u8>>> + 'a;
 
 /// The permission checks of one request.
 pub struct Check<'a> {
@@ -235,7 +237,7 @@ impl Checks for Check<'_> {
 
     /// etcd's checkLeasePuts: the lease's keys must all be writable, unless the caller is an
     /// admin (a lease that does not exist has none).
-    fn lease(&mut self, id: i64) -> Result<(), AuthError> {
+    fn lease(&mut self, id: LeaseId) -> Result<(), AuthError> {
         if self.admin().is_ok() {
             return Ok(());
         }
@@ -333,15 +335,19 @@ mod tests {
         let auth = Auth::new(Tokens::None, 4, false);
         let mut d = data(true);
         d.roles.get_mut("r").unwrap().key_permission[0].perm_type = 2;
-        let keys = |id| (id == 1).then(|| vec![b"a1".to_vec(), b"zz".to_vec()]);
+        let keys = |id| (id == LeaseId(1)).then(|| vec![b"a1".to_vec(), b"zz".to_vec()]);
         let alice = who("alice", 5);
         assert_eq!(
-            auth.check(&d, Some(&alice), &keys).lease(1),
+            auth.check(&d, Some(&alice), &keys).lease(LeaseId(1)),
             Err(AuthError::PermissionDenied)
         );
-        assert_eq!(auth.check(&d, Some(&alice), &keys).lease(2), Ok(()));
         assert_eq!(
-            auth.check(&d, Some(&who("root", 5)), &keys).lease(1),
+            auth.check(&d, Some(&alice), &keys).lease(LeaseId(2)),
+            Ok(())
+        );
+        assert_eq!(
+            auth.check(&d, Some(&who("root", 5)), &keys)
+                .lease(LeaseId(1)),
             Ok(())
         );
     }

@@ -57,6 +57,18 @@ fn secs_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What a JWT provider refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtError {
+    /// The sign method and keys do not make a provider (the reason as etcd words it).
+    #[error("{0}")]
+    Key(String),
+    #[error("auth: token signing attempted with verify-only key")]
+    VerifyOnly,
+    #[error("auth: signing failed")]
+    SigningFailed,
+}
+
 impl Jwt {
     /// A provider from etcd's options (`sign-method`, `pub-key`, `priv-key`, `ttl`).
     pub fn new(
@@ -64,8 +76,30 @@ impl Jwt {
         pub_key: Option<&[u8]>,
         priv_key: Option<&[u8]>,
         ttl: Duration,
-    ) -> Result<Jwt, String> {
-        let (signer, verifier) = match sign_method {
+    ) -> Result<Jwt, JwtError> {
+        let (signer, verifier) =
+            Self::keys(sign_method, pub_key, priv_key).map_err(JwtError::Key)?;
+        let alg = ALGS
+            .iter()
+            .find(|a| **a == sign_method)
+            .copied()
+            .unwrap_or("none");
+        Ok(Jwt {
+            alg,
+            ttl,
+            signer,
+            verifier,
+        })
+    }
+
+    /// The signer (none for a verify-only provider) and verifier of `sign_method` with these
+    /// keys, or why they do not make one (etcd's words).
+    fn keys(
+        sign_method: &str,
+        pub_key: Option<&[u8]>,
+        priv_key: Option<&[u8]>,
+    ) -> Result<(Option<Signer>, Verifier), String> {
+        Ok(match sign_method {
             "RS256" | "RS384" | "RS512" | "PS256" | "PS384" | "PS512" => {
                 rsa(sign_method, pub_key, priv_key)?
             }
@@ -85,24 +119,13 @@ impl Jwt {
                 (Some(Signer::Hmac(key.clone())), Verifier::Hmac(key))
             }
             other => return Err(format!("auth: invalid auth signature method {other:?}")),
-        };
-        let alg = ALGS
-            .iter()
-            .find(|a| **a == sign_method)
-            .copied()
-            .unwrap_or("none");
-        Ok(Jwt {
-            alg,
-            ttl,
-            signer,
-            verifier,
         })
     }
 
     /// A signed token for `username` at auth revision `revision`, expiring after the TTL.
-    pub fn sign(&self, username: &str, revision: u64) -> Result<String, String> {
+    pub fn sign(&self, username: &str, revision: u64) -> Result<String, JwtError> {
         let Some(signer) = &self.signer else {
-            return Err("auth: token signing attempted with verify-only key".into());
+            return Err(JwtError::VerifyOnly);
         };
         let header = serde_json::json!({"alg": self.alg, "typ": "JWT"});
         let claims = serde_json::json!({
@@ -119,12 +142,12 @@ impl Jwt {
             Signer::Rsa(k, enc) => {
                 let mut sig = vec![0; k.public().modulus_len()];
                 k.sign(*enc, &SystemRandom::new(), input.as_bytes(), &mut sig)
-                    .map_err(|_| "signing failed".to_string())?;
+                    .map_err(|_| JwtError::SigningFailed)?;
                 sig
             }
             Signer::Ecdsa(k) => k
                 .sign(&SystemRandom::new(), input.as_bytes())
-                .map_err(|_| "signing failed".to_string())?
+                .map_err(|_| JwtError::SigningFailed)?
                 .as_ref()
                 .to_vec(),
             Signer::Ed25519(k) => k.sign(input.as_bytes()).as_ref().to_vec(),
@@ -436,11 +459,11 @@ mod tests {
         let (private, public) = ec_pair();
         let (_, other_pub) = ec_pair();
         let verify = Jwt::new("ES256", Some(&public), None, DEFAULT_TTL).unwrap();
-        assert!(verify.sign("a", 1).unwrap_err().contains("verify-only"));
+        assert_eq!(verify.sign("a", 1), Err(JwtError::VerifyOnly));
         let signer = Jwt::new("ES256", None, Some(&private), DEFAULT_TTL).unwrap();
         assert!(verify.check(&signer.sign("a", 1).unwrap()).is_some());
         let e = Jwt::new("ES256", Some(&other_pub), Some(&private), DEFAULT_TTL).unwrap_err();
-        assert!(e.contains("don't match"), "{e}");
+        assert!(e.to_string().contains("don't match"), "{e}");
         assert!(Jwt::new("ES256", None, None, DEFAULT_TTL).is_err());
         assert!(Jwt::new("XX", None, Some(&private), DEFAULT_TTL).is_err());
     }

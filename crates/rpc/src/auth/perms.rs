@@ -8,6 +8,7 @@ use api::authpb::permission::Type as PermType;
 use api::authpb::{Role, User};
 use api::etcdserverpb::request_op::Request as Op;
 use api::etcdserverpb::{DeleteRangeRequest, PutRequest, RangeRequest, TxnRequest};
+use ids::LeaseId;
 
 /// The role whose users may do everything.
 pub const ROOT: &str = "root";
@@ -152,7 +153,7 @@ pub fn valid_permission_range(key: &[u8], range_end: &[u8]) -> bool {
 pub trait Checks {
     type Error;
     fn need(&mut self, need: Need, key: &[u8], range_end: &[u8]) -> Result<(), Self::Error>;
-    fn lease(&mut self, id: i64) -> Result<(), Self::Error>;
+    fn lease(&mut self, id: LeaseId) -> Result<(), Self::Error>;
 }
 
 pub fn range<C: Checks>(c: &mut C, r: &RangeRequest) -> Result<(), C::Error> {
@@ -163,7 +164,7 @@ pub fn put<C: Checks>(c: &mut C, p: &PutRequest) -> Result<(), C::Error> {
     c.need(Need::Write, &p.key, &[])?;
     if p.lease != 0 {
         // The lease's keys must all be the caller's to write: it could revoke them otherwise.
-        c.lease(p.lease)?;
+        c.lease(LeaseId(p.lease))?;
     }
     if p.prev_kv {
         c.need(Need::Read, &p.key, &[])?;
@@ -313,7 +314,7 @@ mod tests {
             self.0.push(s);
             Ok(())
         }
-        fn lease(&mut self, id: i64) -> Result<(), ()> {
+        fn lease(&mut self, id: LeaseId) -> Result<(), ()> {
             self.0.push(format!("lease {id}"));
             Ok(())
         }

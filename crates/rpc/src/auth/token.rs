@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ids::RaftIndex;
 use parking_lot::Mutex;
 use rand::Rng;
 
@@ -19,9 +20,35 @@ pub enum Tokens {
     None,
 }
 
+/// Why `--auth-token` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BadAuthToken {
+    #[error("--auth-token {opts:?}: invalid option {option:?} (want key=value)")]
+    Option { opts: String, option: String },
+    #[error("--auth-token {opts:?}: option {key:?} given twice")]
+    Twice { opts: String, key: String },
+    #[error("--auth-token {key}={file}: {source}")]
+    Key {
+        key: String,
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--auth-token ttl={value}: {source}")]
+    Ttl {
+        value: String,
+        #[source]
+        source: crate::BadDuration,
+    },
+    #[error("--auth-token: {0}")]
+    Jwt(#[source] super::jwt::JwtError),
+    #[error("--auth-token {0:?}: unknown token type (want simple, jwt,… or \"\")")]
+    Kind(String),
+}
+
 impl Tokens {
     /// From etcd's `--auth-token` value and `--auth-token-ttl`.
-    pub fn parse(opts: &str, simple_ttl: Duration) -> Result<Tokens, String> {
+    pub fn parse(opts: &str, simple_ttl: Duration) -> Result<Tokens, BadAuthToken> {
         let mut parts = opts.split(',');
         let kind = parts.next().unwrap_or_default();
         let mut map: HashMap<&str, &str> = HashMap::new();
@@ -29,11 +56,15 @@ impl Tokens {
             let (k, v) = p
                 .split_once('=')
                 .filter(|(_, v)| !v.contains('='))
-                .ok_or_else(|| {
-                    format!("--auth-token {opts:?}: invalid option {p:?} (want key=value)")
+                .ok_or_else(|| BadAuthToken::Option {
+                    opts: opts.to_string(),
+                    option: p.to_string(),
                 })?;
             if map.insert(k, v).is_some() {
-                return Err(format!("--auth-token {opts:?}: option {k:?} given twice"));
+                return Err(BadAuthToken::Twice {
+                    opts: opts.to_string(),
+                    key: k.to_string(),
+                });
             }
         }
         match kind {
@@ -45,15 +76,23 @@ impl Tokens {
                         tracing::warn!(option = k, "unknown JWT option");
                     }
                 }
-                let read = |k: &str| -> Result<Option<Vec<u8>>, String> {
+                let read = |k: &str| -> Result<Option<Vec<u8>>, BadAuthToken> {
                     map.get(k)
-                        .map(|f| std::fs::read(f).map_err(|e| format!("--auth-token {k}={f}: {e}")))
+                        .map(|f| {
+                            std::fs::read(f).map_err(|source| BadAuthToken::Key {
+                                key: k.to_string(),
+                                file: f.to_string(),
+                                source,
+                            })
+                        })
                         .transpose()
                 };
                 let ttl = match map.get("ttl") {
                     None | Some(&"") => super::jwt::DEFAULT_TTL,
-                    Some(t) => crate::parse_duration(t)
-                        .map_err(|e| format!("--auth-token ttl={t}: {e}"))?,
+                    Some(t) => crate::parse_duration(t).map_err(|source| BadAuthToken::Ttl {
+                        value: t.to_string(),
+                        source,
+                    })?,
                 };
                 let method = map.get("sign-method").copied().unwrap_or_default();
                 let jwt = Jwt::new(
@@ -62,12 +101,10 @@ impl Tokens {
                     read("priv-key")?.as_deref(),
                     ttl,
                 )
-                .map_err(|e| format!("--auth-token: {e}"))?;
+                .map_err(BadAuthToken::Jwt)?;
                 Ok(Tokens::Jwt(Box::new(jwt)))
             }
-            other => Err(format!(
-                "--auth-token {other:?}: unknown token type (want simple, jwt,… or \"\")"
-            )),
+            other => Err(BadAuthToken::Kind(other.to_string())),
         }
     }
 }
@@ -102,7 +139,7 @@ impl SimpleTokens {
     }
 
     /// Records the token of an applied Authenticate (every member does).
-    pub fn assign(&self, prefix: &str, index: u64, user: &str) -> String {
+    pub fn assign(&self, prefix: &str, index: RaftIndex, user: &str) -> String {
         let token = format!("{prefix}.{index}");
         let now = Instant::now();
         let mut t = self.tokens.lock();
@@ -128,9 +165,9 @@ impl SimpleTokens {
     }
 
     /// The raft index a well-formed token names (the member must have applied it to know it).
-    pub fn index(token: &str) -> Option<u64> {
+    pub fn index(token: &str) -> Option<RaftIndex> {
         let (_, index) = token.split_once('.')?;
-        index.parse().ok()
+        index.parse().ok().map(RaftIndex)
     }
 
     /// Forgets `user`'s tokens (deleted, or its password changed).
@@ -153,10 +190,10 @@ mod tests {
         let t = SimpleTokens::new(Duration::from_millis(200));
         let p = SimpleTokens::prefix();
         assert_eq!(p.len(), 16);
-        let a = t.assign(&p, 12, "alice");
+        let a = t.assign(&p, RaftIndex(12), "alice");
         assert_eq!(a, format!("{p}.12"));
-        assert_eq!(SimpleTokens::index(&a), Some(12));
-        let b = t.assign(&SimpleTokens::prefix(), 13, "bob");
+        assert_eq!(SimpleTokens::index(&a), Some(RaftIndex(12)));
+        let b = t.assign(&SimpleTokens::prefix(), RaftIndex(13), "bob");
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(100));
             assert_eq!(t.user(&a).as_deref(), Some("alice"), "kept alive by use");
@@ -179,6 +216,6 @@ mod tests {
         assert!(Tokens::parse("jwt,sign-method", ttl).is_err());
         assert!(Tokens::parse("jwt,ttl=1m,ttl=2m", ttl).is_err());
         let e = Tokens::parse("jwt,sign-method=RS256,priv-key=/nonexistent", ttl).unwrap_err();
-        assert!(e.contains("/nonexistent"), "{e}");
+        assert!(e.to_string().contains("/nonexistent"), "{e}");
     }
 }
