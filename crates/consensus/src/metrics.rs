@@ -4,7 +4,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts,
 };
 
 /// Registers `m` in the default registry. Registration fails only for a name registered twice,
@@ -65,6 +66,16 @@ pub static PEER_SENT_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     registered(IntCounterVec::new(opts, &["To"]).expect("a valid metric"))
 });
 
+/// Whether the stream to each peer is up (1) or not (0), by this member and the peer: etcd's
+/// gauge of active peer connections.
+pub static ACTIVE_PEERS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let opts = Opts::new(
+        "etcd_network_active_peers",
+        "The current number of active peer connections.",
+    );
+    registered(IntGaugeVec::new(opts, &["Local", "Remote"]).expect("a valid metric"))
+});
+
 /// Leader changes this member has seen.
 pub static LEADER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
     registered(
@@ -89,4 +100,5 @@ pub fn init() {
     LazyLock::force(&PEER_RECEIVED_BYTES);
     LazyLock::force(&PEER_SENT_FAILURES);
     LazyLock::force(&LEADER_CHANGES);
+    LazyLock::force(&ACTIVE_PEERS);
 }

@@ -95,6 +95,49 @@ async fn writer(
     failures
 }
 
+/// The lease's (remaining, granted) TTL as `m` answers it.
+async fn lease_ttl(m: &Addrs, id: i64) -> (i64, i64) {
+    let req = api::etcdserverpb::LeaseTimeToLiveRequest { id, keys: false };
+    let r = api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&m.client))
+        .lease_time_to_live(req)
+        .await
+        .unwrap()
+        .into_inner();
+    (r.ttl, r.granted_ttl)
+}
+
+/// (raft index, raft applied index) as `m` reports them.
+async fn raft_indexes(m: &Addrs) -> (u64, u64) {
+    let s = grpc::maintenance(&m.client)
+        .status(StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    (s.raft_index, s.raft_applied_index)
+}
+
+/// Waits until the leader's clock has run lease `id` down to `left` seconds (so it has proposed
+/// several checkpoints, one per 500 ms), then until every member has applied all the leader
+/// had committed by then: each holds a checkpoint of at most about `left + 1` seconds.
+async fn checkpointed(ms: &[Addrs], leader: usize, id: i64, left: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lease_ttl(&ms[leader], id).await.0 > left {
+        assert!(Instant::now() < deadline, "the lease's clock does not run");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (committed, _) = raft_indexes(&ms[leader]).await;
+    for m in ms {
+        while raft_indexes(m).await.1 < committed {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not apply {committed}",
+                m.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 async fn revision(m: &Addrs) -> Option<i64> {
     let r = RangeRequest {
         key: b"x".to_vec(),
@@ -132,37 +175,28 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
             .await
             .unwrap();
     });
-    std::thread::sleep(Duration::from_millis(2500));
+    rt.block_on(checkpointed(&ms, old, LEASE, 57));
 
     let acked = Arc::new(Acked::default());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
         .map(|t| rt.spawn(writer(t, ms.clone(), acked.clone(), stop.clone())))
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    common::wait_for("writes acknowledged before the kill", 30, || {
+        acked.0.lock().unwrap().len() >= 200
+    });
     let before_kill = acked.0.lock().unwrap().len();
     procs[old].kill();
     live[old] = false;
     let new = rt.block_on(leader(&ms, &live));
     assert_ne!(new, old);
-    // The new leader restarts the lease from its last checkpoint (about 56 s left, plus an
+    // The new leader restarts the lease from its last checkpoint (at most 58 s left, plus an
     // election timeout), not from the full 60 s.
-    let ttl = rt.block_on(async {
-        let req = api::etcdserverpb::LeaseTimeToLiveRequest {
-            id: LEASE,
-            keys: false,
-        };
-        api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&ms[new].client))
-            .lease_time_to_live(req)
-            .await
-            .unwrap()
-            .into_inner()
-    });
-    assert_eq!(ttl.granted_ttl, 60);
+    let (ttl, granted) = rt.block_on(lease_ttl(&ms[new], LEASE));
+    assert_eq!(granted, 60);
     assert!(
-        ttl.ttl > 30 && ttl.ttl <= 58,
-        "remaining TTL after the leader change: {}",
-        ttl.ttl
+        ttl > 30 && ttl <= 58,
+        "remaining TTL after the leader change: {ttl}"
     );
     // The new leader serves writes: acknowledgements keep coming (a writer whose request was
     // in flight at the dead leader waits out its timeout first).
@@ -175,7 +209,13 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
 
     procs[old] = start(&ms[old], dir.path(), &ms);
     live[old] = true;
-    std::thread::sleep(Duration::from_millis(1000));
+    // Writes go on while the old leader restarts and catches up.
+    let at_restart = acked.0.lock().unwrap().len();
+    common::wait_for(
+        "writes acknowledged while the old leader restarts",
+        30,
+        || acked.0.lock().unwrap().len() > at_restart + 100,
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let failures: usize = writers.into_iter().map(|w| rt.block_on(w).unwrap()).sum();
     procs[old].wait_ready();

@@ -12,6 +12,8 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{ctl, ctl_ok, free_port, wait_for};
@@ -274,23 +276,38 @@ fn a_three_member_cluster_of_containers() {
     // A member SIGKILLed under a write load: nothing acknowledged is lost.
     let victim = (leader + 1) % 3;
     let writer_endpoints = all.clone();
+    let count = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (counted, stopped) = (count.clone(), stop.clone());
     let writer = std::thread::spawn(move || {
         let mut acked = Vec::new();
-        let until = Instant::now() + Duration::from_secs(6);
         let mut i = 0;
-        while Instant::now() < until {
+        while !stopped.load(Ordering::SeqCst) {
             let key = format!("load-{i}");
             if ctl(&writer_endpoints, &["put", &key, "v"]).status.success() {
                 acked.push(key);
+                counted.fetch_add(1, Ordering::SeqCst);
             }
             i += 1;
         }
         acked
     });
-    std::thread::sleep(Duration::from_secs(2));
+    let acked_now = || count.load(Ordering::SeqCst);
+    wait_for("writes acknowledged before the kill", 30, || {
+        acked_now() >= 5
+    });
     podman_ok(&["kill", &members[victim].name]);
-    std::thread::sleep(Duration::from_secs(1));
+    // The member stays down while writes go on without it.
+    let at_kill = acked_now();
+    wait_for("writes acknowledged with a member down", 30, || {
+        acked_now() >= at_kill + 3
+    });
     podman_ok(&["start", &members[victim].name]);
+    let at_start = acked_now();
+    wait_for("writes acknowledged while the member restarts", 30, || {
+        acked_now() >= at_start + 3
+    });
+    stop.store(true, Ordering::SeqCst);
     let acked = writer.join().unwrap();
     assert!(acked.len() > 10, "{} writes acknowledged", acked.len());
     wait_for("the killed member to catch up", 60, || {

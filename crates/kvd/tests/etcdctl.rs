@@ -372,15 +372,17 @@ fn etcdctl_defrag_shrinks_the_data_file_while_writes_go_on() {
     assert!(in_use * 3 < before, "{in_use} in use of {before} bytes");
 
     // A writer keeps going through the defragmentation; none of its writes fails.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
     let writer = {
-        let (stop, url) = (stop.clone(), k.client.clone());
+        let (stop, count, url) = (stop.clone(), count.clone(), k.client.clone());
         std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async {
                 let mut kv = common::grpc::kv(&url);
                 let mut n = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     let put = PutRequest {
                         key: format!("during{n:06}").into(),
                         value: b"x".to_vec(),
@@ -388,19 +390,24 @@ fn etcdctl_defrag_shrinks_the_data_file_while_writes_go_on() {
                     };
                     kv.put(put).await.expect("a write during defrag");
                     n += 1;
+                    count.store(n, Ordering::SeqCst);
                 }
                 n
             })
         })
     };
-    std::thread::sleep(Duration::from_millis(200));
+    let written_now = || count.load(Ordering::SeqCst);
+    common::wait_for("the writer's first writes", 30, || written_now() >= 10);
     let out = ctl_ok(&ep, &["defrag"]);
     assert!(
         out.starts_with(&format!("Finished defragmenting etcd member[{ep}]")),
         "{out}"
     );
-    std::thread::sleep(Duration::from_millis(200));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let after_defrag = written_now();
+    common::wait_for("writes after the defragmentation", 30, || {
+        written_now() >= after_defrag + 10
+    });
+    stop.store(true, Ordering::Relaxed);
     let written = writer.join().unwrap();
     let after = db_size(&ep);
     assert!(after * 3 < before, "defrag left {after} of {before} bytes");
@@ -534,10 +541,20 @@ fn with_a_follower_down(ms: &[Addrs], procs: &mut [Proc]) -> Vec<String> {
     let followers: Vec<usize> = (0..ms.len()).filter(|&i| ids[i] != leader).collect();
     let (down, live) = (followers[0], followers[1]);
     procs[down].kill();
-    // Long enough for the leader to see the member gone (a broken stream, a failed probe).
-    std::thread::sleep(Duration::from_secs(3));
-    // Either live member answers (a follower forwards removals to its leader).
+    // Until the leader sees the member gone: its stream there is down (etcd's gauge of active
+    // peer connections, which both serve).
     let l = ids.iter().position(|&id| id == leader).unwrap();
+    let gone = format!(
+        "etcd_network_active_peers{{Local=\"{leader:x}\",Remote=\"{:x}\"}} 0",
+        ids[down]
+    );
+    common::wait_for("the leader to see the member down", 30, || {
+        common::http_get(&ms[l].client, "/metrics")
+            .1
+            .lines()
+            .any(|line| line == gone)
+    });
+    // Either live member answers (a follower forwards removals to its leader).
     let ep = format!("{},{}", ms[l].endpoint(), ms[live].endpoint());
     let mut out = Vec::new();
     let (live, down) = (format!("{:x}", ids[live]), format!("{:x}", ids[down]));

@@ -613,15 +613,12 @@ fn a_cluster_over_peer_tls_refuses_a_member_with_a_certificate_of_another_ca() {
     let mut flags = client_tls(&intruder, &other.cert);
     flags.extend(peer_tls(&intruder, &other.cert));
     let p4 = Proc::kvd(&m4, &dir.path().join("m4"), &all, "existing", &strs(&flags));
-    std::thread::sleep(Duration::from_secs(3));
-    let leader_log: String = procs
-        .iter()
-        .map(|p| std::fs::read_to_string(&p.log).unwrap_or_default())
-        .collect();
-    assert!(
-        leader_log.contains("peer TLS handshake failed") || leader_log.contains("certificate"),
-        "no member logged the refused peer"
-    );
+    common::wait_for("a member to log the refused peer", 30, || {
+        procs.iter().any(|p| {
+            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+            log.contains("peer TLS handshake failed") || log.contains("certificate")
+        })
+    });
     let m4_status = run(
         &m4.endpoint(),
         &intruder.ctl_flags(&other.cert),

@@ -231,7 +231,13 @@ pub(super) async fn stream_to(
     errors.lock().remove(&to);
     let since = std::time::Instant::now();
     active.lock().insert(to, since);
-    let _up = Up { active, to, since };
+    let _up = Up {
+        active,
+        me: ident.me,
+        to,
+        since,
+    };
+    Up::gauge(ident.me, to).set(1);
     let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
     let _prober = Prober(tokio::spawn(probe(
         ident,
@@ -274,8 +280,16 @@ pub(super) async fn stream_to(
 /// same peer, after a change of its URLs, is up by then).
 pub(super) struct Up<'a> {
     pub(super) active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+    pub(super) me: MemberId,
     pub(super) to: MemberId,
     pub(super) since: std::time::Instant,
+}
+
+impl Up<'_> {
+    fn gauge(me: MemberId, to: MemberId) -> prometheus::IntGauge {
+        crate::metrics::ACTIVE_PEERS
+            .with_label_values(&[&crate::metrics::peer(me), &crate::metrics::peer(to)])
+    }
 }
 
 impl Drop for Up<'_> {
@@ -283,6 +297,7 @@ impl Drop for Up<'_> {
         let mut active = self.active.lock();
         if active.get(&self.to) == Some(&self.since) {
             active.remove(&self.to);
+            Up::gauge(self.me, self.to).set(0);
         }
     }
 }
