@@ -1,5 +1,5 @@
 //! A KV server that does no work: the floor under any server's cost per call, for the
-//! measurements in the README. Range and Put answer an empty response at once (Put after one
+//! measurements in docs/measurements.md. Range and Put answer an empty response at once (Put after one
 //! 4 KiB `fdatasync` with `NOOP_FSYNC=1`); nothing is stored.
 //!
 //! `NOOP_STACK=tonic` serves it with tonic's server (hyper + h2 + tower), `NOOP_STACK=wire` (the

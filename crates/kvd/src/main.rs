@@ -227,7 +227,7 @@ fn serve(f: ServeFlags) -> Result<()> {
 /// The runtime's worker threads: half the cores, at least one. The heavy work runs on threads
 /// of its own (raft, apply, the store's flush and watch threads), and each worker more adds
 /// cross-thread wake-ups: on 2 cores one worker took put1's CPU per request from 180-183 to
-/// 157-173 us, with put100, range-l and range-s unchanged within noise (README, "Measured").
+/// 157-173 us, with put100, range-l and range-s unchanged within noise (docs/measurements.md).
 fn runtime_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
