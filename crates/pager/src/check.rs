@@ -225,7 +225,9 @@ impl Walker<'_> {
 impl Db {
     fn walk(&self, verify: bool) -> (Stats, Vec<String>) {
         let w = self.shared.writer.lock();
-        let snap = self.shared.snap(&w.meta, &w.map, &w.unreached);
+        let snap = self
+            .shared
+            .snap(&w.meta, w.map.clone(), w.unreached.clone());
         let mut walker = Walker {
             snap: &snap,
             verify,
@@ -265,18 +267,13 @@ impl Db {
             let differs = (0..w.meta.high_water)
                 .find(|&p| w.unreached.first_in(p, 1).is_some() != unreached[p as usize]);
             if let Some(p) = differs {
+                let (among, marked) = if unreached[p as usize] {
+                    ("among", "not marked")
+                } else {
+                    ("not among", "marked")
+                };
                 walker.problem(format!(
-                    "page {p} is {} the free and pending pages but {} as unreachable",
-                    if unreached[p as usize] {
-                        "among"
-                    } else {
-                        "not among"
-                    },
-                    if unreached[p as usize] {
-                        "not marked"
-                    } else {
-                        "marked"
-                    },
+                    "page {p} is {among} the free and pending pages but {marked} as unreachable"
                 ));
             }
             let leaked: Vec<usize> = (0..walker.marks.len())

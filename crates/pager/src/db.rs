@@ -104,11 +104,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn snap(&self, meta: &Meta, map: &Arc<Map>, unreached: &Arc<Unreached>) -> Snap {
+    pub fn snap(&self, meta: &Meta, map: Arc<Map>, unreached: Arc<Unreached>) -> Snap {
         Snap {
-            map: map.clone(),
+            map,
             high_water: meta.high_water,
-            unreached: unreached.clone(),
+            unreached,
             page_size: self.page_size,
             path: self.path.clone(),
         }

@@ -91,12 +91,13 @@ pub struct ReadTxn {
 
 impl ReadTxn {
     pub(crate) fn new(shared: Arc<Shared>) -> ReadTxn {
-        let (meta, snap) = {
+        let (meta, map, unreached) = {
             let mut p = shared.published.lock();
             let meta = p.meta;
             *p.readers.entry(meta.txid).or_default() += 1;
-            (meta, shared.snap(&meta, &p.map, &p.unreached))
+            (meta, p.map.clone(), p.unreached.clone())
         };
+        let snap = shared.snap(&meta, map, unreached);
         ReadTxn { shared, snap, meta }
     }
 
@@ -282,7 +283,7 @@ impl<'db> WriteTxn<'db> {
         let oldest_reader = shared.published.lock().readers.keys().next().copied();
         let upto = oldest_reader.map_or(w.durable_prev, |r| r.min(w.durable_prev));
         w.freelist.release_upto(upto);
-        let snap = shared.snap(&w.meta, &w.map, &w.unreached);
+        let snap = shared.snap(&w.meta, w.map.clone(), w.unreached.clone());
         let root = NodeRef::Page(w.meta.root);
         Ok(WriteTxn {
             shared,

@@ -65,9 +65,9 @@ impl PeerService {
 
     /// Refuses a peer of another cluster, or a request meant for another member.
     fn admit(&self, md: &MetadataMap) -> Result<MemberId, Status> {
-        let cluster = ClusterId(meta_id(md, META_CLUSTER)?);
-        let from = MemberId(meta_id(md, META_FROM)?);
-        let to = MemberId(meta_id(md, META_TO)?);
+        let cluster: ClusterId = meta_id(md, META_CLUSTER)?;
+        let from: MemberId = meta_id(md, META_FROM)?;
+        let to: MemberId = meta_id(md, META_TO)?;
         if cluster != self.cluster_id {
             tracing::error!(
                 peer = %from,

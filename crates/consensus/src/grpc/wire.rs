@@ -35,23 +35,23 @@ pub(super) fn request<T>(msg: T, ident: Ident, to: MemberId) -> Request<T> {
     let mut r = Request::new(msg);
     let md = r.metadata_mut();
     let ids = [
-        (META_CLUSTER, ident.cluster.0),
-        (META_FROM, ident.me.0),
-        (META_TO, to.0),
+        (META_CLUSTER, ident.cluster.to_string()),
+        (META_FROM, ident.me.to_string()),
+        (META_TO, to.to_string()),
     ];
     for (k, v) in ids {
-        if let Ok(v) = format!("{v:x}").parse() {
+        if let Ok(v) = v.parse() {
             md.insert(k, v);
         }
     }
     r
 }
 
-/// A member or cluster id from a request's metadata.
-pub(super) fn meta_id(md: &MetadataMap, key: &str) -> Result<u64, Status> {
+/// A member or cluster id from a request's metadata (hex, as the ids print).
+pub(super) fn meta_id<T: std::str::FromStr>(md: &MetadataMap, key: &str) -> Result<T, Status> {
     md.get(key)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .and_then(|v| v.parse().ok())
         .ok_or_else(|| Status::invalid_argument(format!("missing or bad {key} header")))
 }
 
