@@ -27,7 +27,7 @@ use crate::frame::Reason;
 use crate::{Fallback, Response};
 
 /// Output a stream's task may have waiting before it waits for the connection.
-pub(crate) const UNSENT_LIMIT: usize = 256 * 1024;
+pub(crate) const UNSENT_LIMIT: usize = 64 * 1024;
 
 /// What the stream tasks of one connection tell it: which streams have news. As a waker it
 /// is the one the connection's unary calls are polled with: it notes that one woke.

@@ -66,6 +66,12 @@ fn events_for(s: &WatchStream, id: i64, n: usize) -> Vec<Event> {
     out
 }
 
+/// A value over half the bytes a watcher's queued response gathers: a response holds one, and
+/// a stream with room for one response stalls on the next.
+fn big(b: u8) -> Vec<u8> {
+    vec![b; 600 << 10]
+}
+
 fn summary(evs: &[Event]) -> Vec<(EventType, String, i64)> {
     evs.iter()
         .map(|e| {
@@ -283,15 +289,16 @@ fn resume_after_reconnect_from_the_next_revision() {
     for i in 0..5 {
         store.write().unwrap().put(&put(b"k", &[b'0' + i])).unwrap();
     }
+    // Three or more (the responses may gather several revisions each).
     let first = events_for(&s, id, 3);
     let last = first.last().unwrap().kv.as_ref().unwrap().mod_revision;
-    drop(s); // the client disconnects with events undelivered
+    drop(s); // the client disconnects, perhaps with events undelivered
     for i in 5..8 {
         store.write().unwrap().put(&put(b"k", &[b'0' + i])).unwrap();
     }
     let s = store.watch_stream();
     let id = s.watch(&watch(b"k", b"", last + 1)).unwrap();
-    let rest = events_for(&s, id, 5);
+    let rest = events_for(&s, id, 8 - first.len());
     let values: Vec<u8> = first
         .iter()
         .chain(&rest)
@@ -325,7 +332,7 @@ fn a_watcher_behind_the_compaction_is_cancelled_with_its_revision() {
     let slow = store.watch_stream_with_capacity(1);
     let id = slow.watch(&watch(b"k", b"", 0)).unwrap();
     for i in 0..20u8 {
-        store.write().unwrap().put(&put(b"k", &[i])).unwrap();
+        store.write().unwrap().put(&put(b"k", &big(i))).unwrap();
     }
     let rev = store.rev();
     store.write().unwrap().compact(rev).unwrap();
@@ -371,6 +378,71 @@ fn a_slow_consumer_blocks_neither_writes_nor_other_watchers_and_misses_nothing()
 }
 
 #[test]
+fn a_lagging_consumer_gets_each_watchers_revisions_gathered_in_order() {
+    let (_dir, store) = new_store();
+    let s = store.watch_stream_with_capacity(4);
+    let one = s.watch(&watch(b"k", b"", 0)).unwrap();
+    let all = s.watch(&watch(b"", b"\0", 0)).unwrap();
+    for i in 0..50u8 {
+        store.write().unwrap().put(&put(b"k", &[i])).unwrap();
+        store.write().unwrap().put(&put(b"other", &[i])).unwrap();
+    }
+    // Nobody read while they were written: each watcher's revisions wait in one response.
+    let mut got: HashMap<i64, Vec<WatchResponse>> = HashMap::new();
+    for _ in 0..2 {
+        let r = s.recv_timeout(WAIT).expect("a response per watcher");
+        got.entry(r.watch_id).or_default().push(r);
+    }
+    nothing_more(&s);
+    // Each response is current to its last event's revision, as one per revision would be.
+    let revs = |id: i64| -> Vec<i64> {
+        let rs = &got[&id];
+        assert_eq!(rs.len(), 1, "watch {id}: {} responses", rs.len());
+        let evs: Vec<i64> = (rs[0].events.iter())
+            .map(|e| e.kv.as_ref().unwrap().mod_revision)
+            .collect();
+        assert_eq!(Some(&rs[0].revision.0), evs.last());
+        evs
+    };
+    assert_eq!(revs(one), (0..50).map(|i| 2 + 2 * i).collect::<Vec<_>>());
+    assert_eq!(revs(all), (2..=101).collect::<Vec<_>>());
+
+    // Once taken, a response gathers nothing more: the next revision is a response of its own.
+    store.write().unwrap().put(&put(b"k", b"next")).unwrap();
+    let a = s.recv_timeout(WAIT).unwrap();
+    let b = s.recv_timeout(WAIT).unwrap();
+    for r in [a, b] {
+        assert_eq!((r.events.len(), r.revision.0), (1, 102));
+    }
+    nothing_more(&s);
+}
+
+#[test]
+fn gathered_responses_count_against_the_streams_bytes() {
+    // 1,000 revisions of 100 KiB for one watcher nobody reads: ten gather in each response,
+    // so a hundred responses, far from the stream's count, hold 100 MB, past its byte bound.
+    // The watcher falls behind and catches up from the store, missing nothing.
+    let (_dir, store) = new_store();
+    let s = store.watch_stream_with_capacity(1024);
+    let id = s.watch(&watch(b"k", b"", 0)).unwrap();
+    const N: usize = 1000;
+    for i in 0..N {
+        let v = vec![i as u8; 100 << 10];
+        store.write().unwrap().put(&put(b"k", &v)).unwrap();
+    }
+    assert!(
+        !s.request_progress(id),
+        "a watcher past the byte bound is not synced"
+    );
+    let evs = events_for(&s, id, N);
+    for (i, e) in evs.iter().enumerate() {
+        let kv = e.kv.as_ref().unwrap();
+        assert_eq!((kv.mod_revision, kv.value[0]), (i as i64 + 2, i as u8));
+    }
+    nothing_more(&s);
+}
+
+#[test]
 fn progress_notifications_only_when_synced() {
     let (_dir, store) = new_store();
     store.write().unwrap().put(&put(b"k", b"1")).unwrap();
@@ -402,7 +474,7 @@ fn progress_notifications_only_when_synced() {
     let slow = store.watch_stream_with_capacity(1);
     let sid = slow.watch(&watch(b"k", b"", 0)).unwrap();
     for _ in 0..3 {
-        store.write().unwrap().put(&put(b"k", b"x")).unwrap();
+        store.write().unwrap().put(&put(b"k", &big(b'x'))).unwrap();
     }
     assert!(!slow.request_progress(sid));
     let got = events_for(&slow, sid, 3);

@@ -237,6 +237,28 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
         "The revision of the last compaction in store.",
         store.compacted().0.max(0),
     );
+    let watch = store.watch_counts();
+    metric(
+        &mut out,
+        "etcd_debugging_mvcc_watcher_total",
+        "gauge",
+        "Total number of watchers.",
+        watch.watchers,
+    );
+    metric(
+        &mut out,
+        "etcd_debugging_mvcc_events_total",
+        "counter",
+        "Total number of events sent by this member.",
+        watch.events,
+    );
+    metric(
+        &mut out,
+        "kvd_mvcc_watch_responses_total",
+        "counter",
+        "Watch responses with events sent by this member (kvd): events_total over this is the events a response holds on average.",
+        watch.responses,
+    );
     let _ = writeln!(out, "# HELP etcd_server_id Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.");
     let _ = writeln!(out, "# TYPE etcd_server_id gauge");
     let _ = writeln!(out, "etcd_server_id{{server_id=\"{}\"}} 1", core.id);

@@ -238,6 +238,11 @@ impl Store {
         Revision(self.inner.view.read().rev)
     }
 
+    /// Its watchers, and what they were sent.
+    pub fn watch_counts(&self) -> crate::WatchCounts {
+        self.inner.hub.counts()
+    }
+
     /// The compaction revision (-1 before any compaction).
     pub fn compacted(&self) -> Revision {
         Revision(self.inner.state.lock().compacted)

@@ -2,14 +2,14 @@
 //! the watch thread serves, and the ring of recent event batches.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use api::mvccpb::Event;
 
-use super::event::{event_key, Batch, Batches, Item, Spec};
+use super::event::{event_key, Batch, Batches, Growing, Item, Spec};
 use super::group::Group;
 use super::stream::Queue;
 use crate::signal::Signal;
@@ -25,6 +25,9 @@ pub(super) struct Watcher {
     /// The first revision it has not been sent.
     pub(super) min_rev: i64,
     pub(super) synced: bool,
+    /// Its events item still in the queue, which the next revisions may join: set only while
+    /// nothing else of this watcher has been queued after it.
+    pub(super) growing: Option<Arc<Growing>>,
 }
 
 pub(super) struct Slot {
@@ -33,6 +36,18 @@ pub(super) struct Slot {
 }
 
 /// The watchers of a store.
+/// A store's watch figures (etcd's `etcd_debugging_mvcc_watcher_total` and
+/// `etcd_debugging_mvcc_events_total`, and the responses those events went in).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchCounts {
+    /// Watchers now.
+    pub watchers: u64,
+    /// Responses with events sent since the store opened.
+    pub responses: u64,
+    /// Events sent since the store opened.
+    pub events: u64,
+}
+
 pub(crate) struct Hub {
     pub(super) state: Mutex<HubState>,
     /// Live watchers, read by writers to decide whether to build events at all.
@@ -40,6 +55,9 @@ pub(crate) struct Hub {
     /// Wakes the watch thread.
     pub(super) wake: Signal,
     pub(super) closed: AtomicBool,
+    /// Responses with events sent, and the events in them.
+    pub(super) responses_sent: AtomicU64,
+    pub(super) events_sent: AtomicU64,
 }
 
 impl std::fmt::Debug for Hub {
@@ -140,6 +158,7 @@ impl HubState {
 
     pub(super) fn make_unsynced(&mut self, h: u64, min_rev: i64) {
         let Some(w) = self.get(h) else { return };
+        w.growing = None;
         w.min_rev = w.min_rev.max(min_rev);
         if !w.synced {
             return;
@@ -176,6 +195,7 @@ impl HubState {
             if !w.queue.push(item, false) {
                 return false;
             }
+            w.growing = None;
         }
         w.min_rev = w.min_rev.max(rev + 1);
         self.make_synced(h);
@@ -223,6 +243,17 @@ impl Hub {
             watchers: AtomicUsize::new(0),
             wake: Signal::default(),
             closed: AtomicBool::new(false),
+            responses_sent: AtomicU64::new(0),
+            events_sent: AtomicU64::new(0),
+        }
+    }
+
+    /// What the store's watchers were sent, and how many there are.
+    pub(crate) fn counts(&self) -> WatchCounts {
+        WatchCounts {
+            watchers: self.watchers.load(Ordering::Relaxed) as u64,
+            responses: self.responses_sent.load(Ordering::Relaxed),
+            events: self.events_sent.load(Ordering::Relaxed),
         }
     }
 
@@ -272,14 +303,19 @@ impl Hub {
             if !w.synced || w.min_rev > rev {
                 continue;
             }
-            let item = Item::Events {
+            if (w.growing.as_ref()).is_some_and(|g| w.queue.grow(g, &batch, rev)) {
+                w.min_rev = rev + 1;
+                continue;
+            }
+            let growing = Growing::new(batch.clone(), rev);
+            let item = Item::Growing {
                 spec: w.spec.clone(),
-                batches: Batches::One(batch.clone()),
+                growing: growing.clone(),
                 from_rev: rev,
-                revision: rev,
             };
             if w.queue.push(item, false) {
                 w.min_rev = rev + 1;
+                w.growing = Some(growing);
             } else {
                 // Its stream is full: it catches up once the consumer drains it.
                 st.make_unsynced(h, rev);
@@ -302,6 +338,7 @@ impl Hub {
             queue,
             min_rev,
             synced: false,
+            growing: None,
         });
         st.unsynced.insert(h);
         self.watchers.fetch_add(1, Ordering::AcqRel);
@@ -335,14 +372,23 @@ impl Hub {
                 _ => return false,
             }
         }
-        hs.is_empty()
-            || queue.push(
-                Item::Progress {
-                    watch_id,
-                    revision: rev,
-                },
-                true,
-            )
+        if hs.is_empty() {
+            return true;
+        }
+        let item = Item::Progress {
+            watch_id,
+            revision: rev,
+        };
+        if !queue.push(item, true) {
+            return false;
+        }
+        // Events after the notification go after it: no growing item before it takes them.
+        for &h in hs {
+            if let Some(w) = st.get(h) {
+                w.growing = None;
+            }
+        }
+        true
     }
 
     pub(super) fn rev(&self) -> i64 {

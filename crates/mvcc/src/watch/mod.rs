@@ -23,5 +23,6 @@ mod stream;
 mod sync;
 
 pub(crate) use hub::Hub;
+pub use hub::WatchCounts;
 pub use stream::{WatchResponse, WatchStream};
 pub(crate) use sync::sync_loop;

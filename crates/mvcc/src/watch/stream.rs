@@ -15,7 +15,7 @@ use api::etcdserverpb::watch_create_request::FilterType;
 use api::etcdserverpb::WatchCreateRequest;
 use api::mvccpb::{event::EventType, Event};
 
-use super::event::{event_rev, Item, Spec};
+use super::event::{event_rev, Batch, Growing, Item, Spec};
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::store::{Inner, RangeOptions, Store};
@@ -119,6 +119,17 @@ impl Queue {
         true
     }
 
+    /// Adds `batch`, of revision `revision`, to `growing`, an item in this queue, unless it
+    /// was popped, is at its size, or the queue is out of bytes; whether it did.
+    pub(super) fn grow(&self, growing: &Growing, batch: &Arc<Batch>, revision: i64) -> bool {
+        let mut s = self.state.lock();
+        if s.bytes + batch.bytes > MAX_QUEUED_BYTES || !growing.add(batch, revision) {
+            return false;
+        }
+        s.bytes += batch.bytes;
+        true
+    }
+
     pub(super) fn close(&self) {
         let mut s = self.state.lock();
         s.closed = true;
@@ -135,7 +146,7 @@ impl Queue {
         let mut s = self.state.lock();
         loop {
             if let Some(item) = s.items.pop_front() {
-                s.bytes -= item.bytes();
+                s.bytes -= item.leave();
                 let kick = s.stalled && s.items.len() <= self.capacity / 2;
                 if kick {
                     s.stalled = false;
@@ -361,30 +372,50 @@ impl WatchStream {
                 batches,
                 from_rev,
                 revision,
+            } => self.events(&spec, batches.iter(), from_rev, revision),
+            Item::Growing {
+                spec,
+                growing,
+                from_rev,
             } => {
-                if spec.canceled.load(Ordering::Acquire) {
-                    return None;
-                }
-                let mut events: Vec<Event> = batches
-                    .iter()
-                    .flat_map(|b| &b.events)
-                    .filter(|ev| event_rev(ev) >= from_rev && spec.wants(ev))
-                    .cloned()
-                    .collect();
-                if events.is_empty() {
-                    return None;
-                }
-                if spec.prev_kv {
-                    self.fill_prev_kv(&mut events);
-                }
-                Some(WatchResponse {
-                    watch_id: spec.id,
-                    events,
-                    revision: Revision(revision),
-                    compact_revision: Revision(0),
-                })
+                let (batches, revision) = growing.take();
+                self.events(&spec, batches.iter().map(|b| &**b), from_rev, revision)
             }
         }
+    }
+
+    /// The response carrying the events of `batches` at or after `from_rev` that the watcher
+    /// wants; `None` if none is left, or the watcher was cancelled.
+    fn events<'b>(
+        &self,
+        spec: &Spec,
+        batches: impl Iterator<Item = &'b Batch>,
+        from_rev: i64,
+        revision: i64,
+    ) -> Option<WatchResponse> {
+        if spec.canceled.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut events: Vec<Event> = batches
+            .flat_map(|b| &b.events)
+            .filter(|ev| event_rev(ev) >= from_rev && spec.wants(ev))
+            .cloned()
+            .collect();
+        if events.is_empty() {
+            return None;
+        }
+        if spec.prev_kv {
+            self.fill_prev_kv(&mut events);
+        }
+        let hub = &self.inner.hub;
+        hub.responses_sent.fetch_add(1, Ordering::Relaxed);
+        (hub.events_sent).fetch_add(events.len() as u64, Ordering::Relaxed);
+        Some(WatchResponse {
+            watch_id: spec.id,
+            events,
+            revision: Revision(revision),
+            compact_revision: Revision(0),
+        })
     }
 
     /// Sets each event's previous version, read at the revision before it (as etcd's server

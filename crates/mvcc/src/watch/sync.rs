@@ -119,6 +119,7 @@ pub(super) fn sync_round(inner: &Inner) -> Result<bool> {
             if !w.queue.push(item, false) {
                 continue;
             }
+            w.growing = None;
         }
         w.min_rev = upto + 1;
         progressed = true;
