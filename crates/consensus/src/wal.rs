@@ -635,14 +635,46 @@ impl Wal {
     }
 }
 
+/// Bytes a replay reads at a time: a segment is read as far as its records go, and the zeros
+/// of its preallocated rest are checked a chunk at a time, never held (a restarted member
+/// would otherwise hold a whole 64 MiB segment to find a few records in it).
+const READ_CHUNK: u64 = 1 << 20;
+
+/// Appends up to [`READ_CHUNK`] more bytes of `file` to `data`; whether the file ended.
+fn read_chunk(file: &mut File, data: &mut Vec<u8>) -> std::io::Result<bool> {
+    let n = Read::by_ref(file).take(READ_CHUNK).read_to_end(data)?;
+    Ok((n as u64) < READ_CHUNK)
+}
+
+/// Reads the rest of `file`, keeping it in `data` only if it is not all zeros (then a damaged
+/// tail is judged on every byte, as before).
+fn read_rest_if_not_zeros(file: &mut File, data: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut zeros = 0usize;
+    let mut chunk = Vec::with_capacity(READ_CHUNK as usize);
+    loop {
+        chunk.clear();
+        if Read::by_ref(file)
+            .take(READ_CHUNK)
+            .read_to_end(&mut chunk)?
+            == 0
+        {
+            return Ok(());
+        }
+        if chunk.iter().any(|&b| b != 0) {
+            data.resize(data.len() + zeros, 0);
+            data.extend_from_slice(&chunk);
+            file.read_to_end(data)?;
+            return Ok(());
+        }
+        zeros += chunk.len();
+    }
+}
+
 /// Replays one segment into `rec`; returns the offset after its last good record.
 fn replay(seg: &Segment, is_last: bool, rec: &mut Recovered) -> Result<u64> {
+    let mut file = io("open", &seg.path, File::open(&seg.path))?;
     let mut data = Vec::new();
-    io(
-        "read",
-        &seg.path,
-        File::open(&seg.path).and_then(|mut f| f.read_to_end(&mut data)),
-    )?;
+    let mut eof = false;
     let corrupt = |offset: u64, reason: String| Error::Corrupt {
         path: seg.path.clone(),
         offset,
@@ -650,7 +682,20 @@ fn replay(seg: &Segment, is_last: bool, rec: &mut Recovered) -> Result<u64> {
     };
     let mut at = 0u64;
     loop {
-        match decode(&data, at) {
+        let decoded = decode(&data, at);
+        if !eof && !matches!(decoded, Decoded::Record { .. }) {
+            // The end of what was read so far: read on. At a zero header, the rest is most
+            // likely the preallocated zeros.
+            let zero_header = matches!(decoded, Decoded::End) && data.len() >= at as usize + HEADER;
+            let read = if zero_header {
+                read_rest_if_not_zeros(&mut file, &mut data).map(|()| true)
+            } else {
+                read_chunk(&mut file, &mut data)
+            };
+            eof = io("read", &seg.path, read)?;
+            continue;
+        }
+        match decoded {
             Decoded::End => {
                 // Bytes after the end: what a torn write leaves when the sector holding a
                 // record's header was lost but a later one was written.
@@ -658,7 +703,10 @@ fn replay(seg: &Segment, is_last: bool, rec: &mut Recovered) -> Result<u64> {
                 let Some(first) = rest.iter().position(|&b| b != 0) else {
                     return Ok(at);
                 };
-                let followed = record_after(&data, at + first as u64);
+                // A record's first non-zero byte may be any of its header's: its length's low
+                // bytes can be zeros (and a record of nothing has a zero length).
+                let from = (at + first as u64).saturating_sub(HEADER as u64 - 1);
+                let followed = record_after(&data, from.max(at + 1));
                 if !is_last || followed {
                     let what = if followed {
                         "valid records follow"

@@ -224,6 +224,60 @@ fn a_zeroed_header_before_valid_records_is_refused() {
     }
 }
 
+/// A replay reads a segment a chunk (1 MiB) at a time: records that straddle chunks come back
+/// whole, and a valid record far into the preallocated zeros is still found and refused —
+/// also when its length's low byte is zero (the scan for it began at its first non-zero byte
+/// and missed it: such a log was cut off as a torn tail, losing the record).
+#[test]
+fn a_segment_is_replayed_across_read_chunks_and_judged_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wal::create(dir.path(), b"m", Options::default()).unwrap();
+    let big = |i: u64| Entry {
+        data: vec![i as u8; 1000 + (i as usize % 7) * 100].into(),
+        ..entry(i, 1)
+    };
+    for first in (1..=3000).step_by(100) {
+        let es: Vec<Entry> = (first..first + 100).map(big).collect();
+        w.save(Some(&hs(1, 1, first + 99)), &es, true).unwrap();
+    }
+    drop(w);
+    let (_, r) = Wal::open(dir.path(), Options::default()).unwrap();
+    assert!(r.repaired.is_none());
+    assert_eq!(r.entries.len(), 3000);
+    assert!(r
+        .entries
+        .iter()
+        .zip(1..)
+        .all(|(e, i)| e.index == i && e.data == big(i).data));
+
+    // A copy of a record far past the end of the log, in what should be zeros: one whose
+    // length starts with a non-zero byte, then (alone) one whose length's low byte is zero.
+    let seg = last_segment(dir.path());
+    let data = std::fs::read(&seg).unwrap();
+    let end = data.iter().rposition(|&b| b != 0).unwrap() + 1;
+    let offsets = record_offsets(&data);
+    let record = |low_zero: bool| {
+        let at = *(offsets.iter())
+            .find(|&&o| o > 0 && (data[o] == 0) == low_zero)
+            .expect("such a record");
+        let len = 9 + u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        &data[at..at + len]
+    };
+    for (low_zero, far) in [(false, 10 << 20), (true, 20 << 20)] {
+        let copy = record(low_zero);
+        write_at(&seg, copy, far);
+        match Wal::open(dir.path(), Options::default()) {
+            Err(Error::Corrupt { offset, reason, .. }) => {
+                assert_eq!(offset, end as u64);
+                assert!(reason.contains("valid records follow"), "{reason}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok((_, r)) => panic!("opened with {} entries", r.entries.len()),
+        }
+        write_at(&seg, &vec![0; copy.len()], far);
+    }
+}
+
 fn flip(path: &Path, offset: u64) {
     let f = std::fs::OpenOptions::new()
         .read(true)
