@@ -2,7 +2,8 @@
 # Resident memory per million keys: writes N keys (16-byte keys, 256-byte values, each key
 # once) into a fresh single-member server with etcd's `benchmark`, and prints its resident
 # memory idle, after the load (peak and settled), and after a restart from the same data (what
-# holding the keys costs without the load's buffers), then MiB per million keys over idle.
+# holding the keys costs without the load's buffers; and the restart's peak, while it rebuilt
+# its index), then MiB per million keys over idle.
 # Run it for kvd and for etcd (`$(tests/tools/etcd-tools.sh)/etcd`), one at a time.
 # Usage:  memory-per-key.sh path/to/server N
 # Needs: go (tests/tools/etcd-tools.sh builds etcdctl, etcd and benchmark once).
@@ -57,11 +58,11 @@ read -r loaded peak loaded_anon loaded_file < <(settled)
 kill "$pid"
 wait "$pid" 2>/dev/null || true
 start
-read -r restarted _ anon file < <(settled)
+read -r restarted restart_peak anon file < <(settled)
 keys=$("$bin/etcdctl" --endpoints 127.0.0.1:23790 get "" --prefix --count-only -w fields |
   awk '/"Count"/{print $3}')
 per() { awk -v a="$1" -v b="$idle" -v n="$n" 'BEGIN{printf "%.0f", (a - b) * 1e6 / n}'; }
 echo "$(basename "$exe") keys=$keys idle=${idle}MiB (anon ${idle_anon}, file ${idle_file})" \
   "loaded=${loaded}MiB (anon ${loaded_anon}, file ${loaded_file}) peak=${peak}MiB" \
-  "restarted=${restarted}MiB (anon ${anon}, file ${file})" \
+  "restarted=${restarted}MiB (anon ${anon}, file ${file}) restart-peak=${restart_peak}MiB" \
   "per-million-keys: loaded=$(per "$loaded")MiB restarted=$(per "$restarted")MiB"

@@ -253,6 +253,16 @@ impl Db {
         self.shared.published.lock().map.len() as u64
     }
 
+    /// Drops the file's pages this process has read through the map from its resident set: a
+    /// scan of the whole file (the index rebuild at open) leaves every page it read resident
+    /// and counted against the process (and a container's limit), though nothing may read it
+    /// again soon. The pages stay in the kernel's page cache, which reclaims them when memory
+    /// is short; a later read maps them again from there. The contents do not change.
+    pub fn release_resident(&self) -> Result<()> {
+        let map = self.shared.published.lock().map.clone();
+        map.release().map_err(|e| self.shared.io("madvise", e))
+    }
+
     /// The space the newest commit occupies (no system call, no writer lock).
     pub fn space(&self) -> Space {
         let p = self.shared.published.lock();

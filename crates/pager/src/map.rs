@@ -64,6 +64,21 @@ impl Map {
         })
     }
 
+    /// Unmaps the pages resident in the map from this process (`MADV_DONTNEED`); the next read
+    /// of one maps it again, from the page cache or the file.
+    pub fn release(&self) -> std::io::Result<()> {
+        let Some(raw) = self.raw.as_ref() else {
+            return Ok(());
+        };
+        // SAFETY: `MADV_DONTNEED` on a shared mapping of a file only drops this process's page
+        // table entries: the bytes stay the file's, and the next access to a page faults it
+        // back in from the page cache or the file, unchanged (the madvise(2) contract for
+        // shared file mappings; only private and anonymous mappings come back zeroed). So a
+        // slice handed out by `pages` and still borrowed reads the same bytes after this call
+        // as before, and the mapping itself stays in place.
+        unsafe { raw.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) }
+    }
+
     /// The bytes of pages `id..id + pages` as `commit` reaches them, or why they are refused.
     ///
     /// Every id is checked here, where the slice is made, so no page id — however damaged the

@@ -93,6 +93,12 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
     for (key, id) in key_lease {
         lessor.attach(id, &key);
     }
+    drop(tx);
+    index.pack();
+    // The scan read every page of values; none is needed in memory for that.
+    if let Err(e) = db.release_resident() {
+        tracing::debug!("after the index rebuild: {e}");
+    }
     let rev = rev.max(compacted).max(scheduled);
     Ok(Recovered {
         index,
