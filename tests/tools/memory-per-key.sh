@@ -59,7 +59,7 @@ kill "$pid"
 wait "$pid" 2>/dev/null || true
 start
 read -r restarted restart_peak anon file < <(settled)
-keys=$("$bin/etcdctl" --endpoints 127.0.0.1:23790 get "" --prefix --count-only -w fields |
+keys=$("$bin/etcdctl" --endpoints 127.0.0.1:23790 --command-timeout 300s get "" --prefix --count-only -w fields |
   awk '/"Count"/{print $3}')
 per() { awk -v a="$1" -v b="$idle" -v n="$n" 'BEGIN{printf "%.0f", (a - b) * 1e6 / n}'; }
 echo "$(basename "$exe") keys=$keys idle=${idle}MiB (anon ${idle_anon}, file ${idle_file})" \

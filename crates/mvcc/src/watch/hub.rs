@@ -35,7 +35,6 @@ pub(super) struct Slot {
     pub(super) watcher: Option<Watcher>,
 }
 
-/// The watchers of a store.
 /// A store's watch figures (etcd's `etcd_debugging_mvcc_watcher_total` and
 /// `etcd_debugging_mvcc_events_total`, and the responses those events went in).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +47,7 @@ pub struct WatchCounts {
     pub events: u64,
 }
 
+/// The watchers of a store.
 pub(crate) struct Hub {
     pub(super) state: Mutex<HubState>,
     /// Live watchers, read by writers to decide whether to build events at all.
