@@ -653,17 +653,14 @@ fn read_rest_if_not_zeros(file: &mut File, data: &mut Vec<u8>) -> std::io::Resul
     let mut chunk = Vec::with_capacity(READ_CHUNK as usize);
     loop {
         chunk.clear();
-        if Read::by_ref(file)
-            .take(READ_CHUNK)
-            .read_to_end(&mut chunk)?
-            == 0
-        {
-            return Ok(());
-        }
+        let ended = read_chunk(file, &mut chunk)?;
         if chunk.iter().any(|&b| b != 0) {
             data.resize(data.len() + zeros, 0);
             data.extend_from_slice(&chunk);
             file.read_to_end(data)?;
+            return Ok(());
+        }
+        if ended {
             return Ok(());
         }
         zeros += chunk.len();
