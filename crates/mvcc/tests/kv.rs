@@ -452,6 +452,60 @@ fn defragment_shrinks_the_file_while_reads_and_writes_go_on() {
     assert!(!dir.path().join("db.defrag").exists());
 }
 
+/// The copy of a defragmentation does not hold flushes off: a writer flushing after each put
+/// gets flushes done while it runs, and every write made meanwhile is in the new file.
+#[test]
+fn flushes_go_on_while_a_defragmentation_copies() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(open(&dir));
+    let big = "v".repeat(4000);
+    {
+        let mut w = store.write().unwrap();
+        for i in 0..6000 {
+            w.put(&put(&format!("k{i:05}"), &big)).unwrap();
+        }
+    }
+    store.sync().unwrap();
+    let copying = std::sync::Arc::new(AtomicBool::new(true));
+    let flushed_during = std::sync::Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (store, copying, flushed_during) =
+            (store.clone(), copying.clone(), flushed_during.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while copying.load(Ordering::SeqCst) {
+                store
+                    .write()
+                    .unwrap()
+                    .put(&put(&format!("during{i:05}"), "x"))
+                    .unwrap();
+                store.flush().unwrap();
+                if copying.load(Ordering::SeqCst) {
+                    flushed_during.fetch_add(1, Ordering::SeqCst);
+                }
+                i += 1;
+            }
+            i
+        })
+    };
+    store.defragment().unwrap();
+    copying.store(false, Ordering::SeqCst);
+    let puts = writer.join().unwrap();
+    let flushed = flushed_during.load(Ordering::SeqCst);
+    assert!(
+        flushed >= 3,
+        "{flushed} flushes finished during the defragmentation"
+    );
+    store.sync().unwrap();
+    let rev = store.rev().0;
+    let all = store.read().unwrap().range(&all_at(rev)).unwrap().kvs;
+    assert_eq!(all.len(), 6000 + puts);
+    drop(store);
+    let store = open(&dir);
+    assert!(store.read().unwrap().range(&all_at(rev)).unwrap().kvs == all);
+}
+
 /// Alarms persist with the flush that carries them: raised ones survive a reopen, cleared ones
 /// stay cleared.
 #[test]

@@ -1,10 +1,9 @@
-//! Whole-file tools: the consistency check, statistics, and compaction into a fresh file.
+//! Whole-file tools: the consistency check and statistics.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use crate::btree::Snap;
-use crate::db::{Db, Options};
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::page::{self, Kind, NodePage, PageId, RawVal, HEADER};
 
@@ -309,48 +308,5 @@ impl Db {
     /// Page and key counts of the newest commit (walks every tree; holds the writer lock).
     pub fn stats(&self) -> Stats {
         self.walk(false).0
-    }
-
-    /// Copies every bucket into a new, defragmented database at `dst` (which must not exist),
-    /// with the same page size, its pages filled to 90% as etcd's defragmentation does. Reads a
-    /// snapshot: writers go on meanwhile.
-    pub fn compact_to(&self, dst: impl AsRef<Path>) -> Result<()> {
-        let dst = dst.as_ref();
-        if dst.exists() {
-            return Err(Error::io(
-                "compact",
-                dst,
-                std::io::Error::new(std::io::ErrorKind::AlreadyExists, "destination exists"),
-            ));
-        }
-        let out = Db::open(
-            dst,
-            Options {
-                page_size: Some(self.shared.page_size as u32),
-                freelist: self.shared.opts.freelist,
-                fill_percent: 0.9,
-            },
-        )?;
-        // Commit every 64 MiB so the writer's arena stays bounded.
-        const BATCH: usize = 64 << 20;
-        let r = self.begin_read()?;
-        for name in r.buckets()? {
-            let src = r.bucket(&name)?;
-            let mut w = out.begin_write()?;
-            w.create_bucket(&name)?;
-            let mut bytes = 0;
-            for e in src.iter() {
-                let (k, v) = e?;
-                w.bucket(&name)?.put(k, v)?;
-                bytes += k.len() + v.len();
-                if bytes >= BATCH {
-                    w.commit_nosync()?;
-                    w = out.begin_write()?;
-                    bytes = 0;
-                }
-            }
-            w.commit_nosync()?;
-        }
-        out.close()
     }
 }

@@ -10,7 +10,8 @@
 //!   crash the file opens at one whole commit, never older than the last durable one.
 //! - **Free pages** are tracked by one of two [`freelist`] algorithms chosen at open: bbolt's
 //!   sorted array, or runs segregated by length with O(1) allocation and merging.
-//! - **Tools**: [`Db::check`] (consistency), [`Db::stats`], [`Db::compact_to`] (defragment).
+//! - **Tools**: [`Db::check`] (consistency), [`Db::stats`], [`Db::compact_to`] (defragment),
+//!   and [`Db::copy_to`] with [`Copy::catch_up`]: a defragmentation that writers do not wait for.
 //!
 //! ```
 //! # fn main() -> pager::Result<()> {
@@ -30,6 +31,7 @@
 
 mod btree;
 mod check;
+mod copy;
 mod db;
 mod error;
 pub mod freelist;
@@ -41,6 +43,7 @@ mod unreached;
 
 pub use btree::cursor::{Cursor, Entry, Range};
 pub use check::Stats;
+pub use copy::{CaughtUp, Copy};
 pub use db::{Db, Options, Space, MAX_VALUE_LEN};
 pub use error::{Error, Result};
 pub use freelist::FreelistKind;

@@ -131,6 +131,21 @@ impl ReadTxn {
     pub fn buckets(&self) -> Result<Vec<Vec<u8>>> {
         bucket_names(self.root())
     }
+
+    /// The snapshot this transaction reads.
+    pub(crate) fn snap(&self) -> &Snap {
+        &self.snap
+    }
+
+    /// The root page of bucket `name`, if there is one.
+    pub(crate) fn bucket_root(&self, name: &[u8]) -> Result<Option<PageId>> {
+        bucket_root(&self.root(), name)
+    }
+
+    /// Whether this transaction reads `db`.
+    pub(crate) fn reads(&self, db: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, db)
+    }
 }
 
 impl Drop for ReadTxn {

@@ -1,7 +1,8 @@
 //! Model test: the pager against a `BTreeMap` per bucket, under random sequences of puts,
 //! deletes, bucket creation and deletion, commits (durable or not), rollbacks, syncs, reopens
-//! (clean, or dropping unsynced commits as a crash would), compaction and freelist switches.
-//! `check()` runs after every commit.
+//! (clean, or dropping unsynced commits as a crash would), compaction and freelist switches,
+//! and online copies (`copy_to`, then `catch_up` to later commits while edits go on, checked
+//! against the model as of each catch-up). `check()` runs after every commit.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +32,18 @@ enum End {
 enum Step {
     Txn(Vec<Edit>, End),
     Sync,
-    Reopen { clean: bool, array: bool },
+    Reopen {
+        clean: bool,
+        array: bool,
+    },
     Compact,
+    /// Starts an online copy of the newest commit (abandoning one under way).
+    CopyStart,
+    /// Brings the copy under way up to the newest commit; with `finish`, closes it and checks
+    /// the file against the model.
+    CatchUp {
+        finish: bool,
+    },
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -54,6 +65,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Sync),
         1 => (any::<bool>(), any::<bool>()).prop_map(|(clean, array)| Step::Reopen { clean, array }),
         1 => Just(Step::Compact),
+        2 => Just(Step::CopyStart),
+        3 => any::<bool>().prop_map(|finish| Step::CatchUp { finish }),
     ]
 }
 
@@ -194,7 +207,12 @@ fn run(steps: Vec<Step>, dir: &Path, fill: f64) -> Result<(), TestCaseError> {
     let mut durable = Model::new();
     let mut salt = 0u64;
     let mut gen = 0;
+    // The online copy under way: it, its file, and the model as of its last catch-up.
+    let mut copy: Option<(pager::Copy, PathBuf, Model)> = None;
     for step in steps {
+        if matches!(step, Step::Reopen { .. } | Step::Compact) {
+            copy = None;
+        }
         match step {
             Step::Txn(edits, end) => {
                 let mut txn = committed.clone();
@@ -268,6 +286,29 @@ fn run(steps: Vec<Step>, dir: &Path, fill: f64) -> Result<(), TestCaseError> {
                 db = c;
                 path = dst;
                 durable = committed.clone();
+            }
+            Step::CopyStart => {
+                gen += 1;
+                let dst = dir.join(format!("copy-{gen}"));
+                copy = Some((db.copy_to(&dst).unwrap(), dst, committed.clone()));
+            }
+            Step::CatchUp { finish } => {
+                if let Some((mut c, dst, _)) = copy.take() {
+                    let unchanged = c.copied() == db.begin_read().unwrap().txid();
+                    let done = c.catch_up(&db).unwrap();
+                    if unchanged {
+                        prop_assert_eq!(done, pager::CaughtUp::default());
+                    }
+                    let at = committed.clone();
+                    if finish {
+                        c.finish().unwrap();
+                        let out = Db::open(&dst, opts(kind, fill)).unwrap();
+                        out.check().unwrap();
+                        assert_matches(&out, &at)?;
+                    } else {
+                        copy = Some((c, dst, at));
+                    }
+                }
             }
         }
     }

@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     pub(super) view: RwLock<View>,
     /// Held by the one flush in progress; owns the compaction job.
     pub(super) flushing: Mutex<Option<CompactJob>>,
+    /// Held by the one defragmentation in progress.
+    pub(super) defragging: Mutex<()>,
     /// The revision the last finished compaction reached, and a condvar for waiters.
     pub(super) finished: (Mutex<i64>, Condvar),
     /// Wakes the flush thread.
@@ -203,6 +205,7 @@ impl Store {
                 pendings: vec![pending],
             }),
             flushing: Mutex::new(first_job.map(CompactJob::new)),
+            defragging: Mutex::new(()),
             finished: (Mutex::new(finished), Condvar::new()),
             wake: Signal::default(),
             hub: Hub::new(rev),
@@ -264,15 +267,20 @@ impl Store {
     }
 
     /// etcd's defragmentation, without stopping the world: the live data is copied into a
-    /// fresh, compact file that then replaces the store's. Only the flush of pending writes
-    /// into the pager waits meanwhile; writes go on (into memory, where reads see them) and
-    /// reads go on (on the old file, which stays mapped until its last reader finishes). The
-    /// one bound: once four batches are pending, a writer flushes itself (the store's
-    /// backpressure) and so waits for the copy to finish. A crash at any point leaves either
-    /// the old file or the complete new one at `path`.
+    /// fresh, compact file that then replaces the store's. Flushes go on into the old file
+    /// while the copy is made; then the copy catches up with what they wrote, reading only
+    /// the paths to what changed ([`pager::Copy::catch_up`]), in rounds until a round has
+    /// little left to copy, and a last round with flushes held off (writes go on meanwhile,
+    /// into memory, where reads see them). Reads go on throughout on the old file, which stays
+    /// mapped until its last reader finishes. A crash at any point leaves either the old file
+    /// or the complete new one at `path`.
     pub fn defragment(&self) -> Result<Defragmented> {
+        /// Catch-up rounds with flushes going on, at most.
+        const ROUNDS: usize = 8;
+        /// A round that copied less than this ends the rounds with flushes going on.
+        const LITTLE: u64 = 4 << 20;
         let inner = &self.inner;
-        let _no_flush = inner.flushing.lock();
+        let _one = inner.defragging.lock();
         let old = inner.db();
         let before = old.file_size();
         let tmp = inner.path.with_extension("defrag");
@@ -290,11 +298,28 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("remove a stale defragmentation file", e)),
         }
-        let copied = old.compact_to(&tmp);
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e.into());
-        }
+        let copied = (|| -> Result<_> {
+            let mut copy = old.copy_to(&tmp)?;
+            let mut caught = Vec::new();
+            for _ in 0..ROUNDS {
+                let done = copy.catch_up(&old)?;
+                caught.push(done.bytes);
+                if done.bytes < LITTLE {
+                    break;
+                }
+            }
+            let no_flush = inner.flushing.lock();
+            let last = copy.catch_up(&old)?;
+            copy.finish()?;
+            Ok((no_flush, caught, last))
+        })();
+        let (_no_flush, caught, last) = match copied {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         std::fs::rename(&tmp, &inner.path).map_err(|e| io("replace the data file", e))?;
         if let Some(dir) = inner.path.parent() {
             std::fs::File::open(dir)
@@ -304,7 +329,14 @@ impl Store {
         let fresh = Arc::new(open_db(&inner.path, &inner.opts)?);
         let after = fresh.file_size();
         *inner.db.write() = fresh;
-        tracing::info!(path = %inner.path.display(), before, after, "defragmented");
+        tracing::info!(
+            path = %inner.path.display(),
+            before,
+            after,
+            caught_up_bytes = ?caught,
+            last_round_bytes = last.bytes,
+            "defragmented"
+        );
         Ok(Defragmented { before, after })
     }
 
