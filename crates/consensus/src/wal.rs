@@ -540,19 +540,21 @@ impl Wal {
         Ok(())
     }
 
-    /// Deletes whole segments holding only entries at or below `index` (covered by a snapshot),
-    /// oldest first, while more than `keep` segments remain; the last segment always stays.
-    pub fn purge(&mut self, index: RaftIndex, keep: usize) -> Result<usize> {
-        let mut n = 0;
+    /// Drops whole segments holding only entries at or below `index` (covered by a snapshot)
+    /// from the log, oldest first, while more than `keep` segments remain; the last segment
+    /// always stays. Their files are deleted by [`Purged::remove`], which the caller runs off
+    /// the path that writes the log: deleting a 64 MiB file can take tens of milliseconds (on
+    /// a filesystem that discards freed blocks, 45–60 ms each here), and until it is done a
+    /// restart finds the segments still there and skips them as it would before the purge.
+    pub fn purge(&mut self, index: RaftIndex, keep: usize) -> Result<Purged> {
+        let mut paths = Vec::new();
         while self.segments.len() > keep.max(1) && self.segments[1].first_index <= index.0 + 1 {
-            let s = self.segments.remove(0);
-            io("remove", &s.path, fs::remove_file(&s.path))?;
-            n += 1;
+            paths.push(self.segments.remove(0).path);
         }
-        if n > 0 {
-            sync_dir(&self.dir)?;
-        }
-        Ok(n)
+        Ok(Purged {
+            dir: self.dir.clone(),
+            paths,
+        })
     }
 
     /// The segment files, oldest first.
@@ -632,6 +634,37 @@ impl Wal {
             path,
         });
         Ok(())
+    }
+}
+
+/// Segments a [`Wal::purge`] dropped from the log, their files not yet deleted.
+#[derive(Debug)]
+#[must_use = "the purged segments' files stay until `remove` deletes them"]
+pub struct Purged {
+    dir: PathBuf,
+    paths: Vec<PathBuf>,
+}
+
+impl Purged {
+    /// How many segments were purged.
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Whether none were.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// Deletes the purged segments' files (oldest first) and syncs the directory; how many.
+    pub fn remove(self) -> Result<usize> {
+        for p in &self.paths {
+            io("remove", p, fs::remove_file(p))?;
+        }
+        if !self.paths.is_empty() {
+            sync_dir(&self.dir)?;
+        }
+        Ok(self.paths.len())
     }
 }
 

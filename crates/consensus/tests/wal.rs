@@ -74,7 +74,28 @@ fn segments_are_cut_and_purged_behind_a_snapshot() {
     })
     .unwrap();
     let purged = w.purge(RaftIndex(1500), 1).unwrap();
+    let paths = w.segment_paths();
+    assert_eq!(
+        paths.len(),
+        segs - purged.len(),
+        "dropped from the log at once"
+    );
+    let on_disk = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "wal")
+            })
+            .count()
+    };
+    assert_eq!(on_disk(), segs, "the files stay until removed");
+    let purged = purged.remove().unwrap();
     assert!(purged >= 1 && purged < segs, "purged {purged} of {segs}");
+    assert_eq!(on_disk(), segs - purged);
     drop(w);
     let (w, rec) = Wal::open(dir.path(), small()).unwrap();
     assert_eq!(

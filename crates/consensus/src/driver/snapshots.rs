@@ -75,7 +75,21 @@ impl<O: Send + 'static> Driver<O> {
         })?;
         let keep_from = index.saturating_sub(self.cfg.snapshot_catchup_entries);
         self.raw.mut_store().compact(keep_from);
-        let wals = self.wal.purge(RaftIndex(index), self.cfg.max_wals)?;
+        let purged = self.wal.purge(RaftIndex(index), self.cfg.max_wals)?;
+        let wals = purged.len();
+        if !purged.is_empty() {
+            // Off this thread: the deletes would hold every proposal and commit up.
+            let removed = std::thread::Builder::new()
+                .name("wal-purge".into())
+                .spawn(move || {
+                    if let Err(e) = purged.remove() {
+                        tracing::warn!("cannot delete purged WAL segments: {e}");
+                    }
+                });
+            if let Err(e) = removed {
+                tracing::warn!("cannot start a thread to delete purged WAL segments: {e}");
+            }
+        }
         let prepared = self.raw.store().prepared_index();
         let snaps = self
             .shared
