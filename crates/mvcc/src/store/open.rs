@@ -86,6 +86,8 @@ pub(crate) struct Inner {
     pub(super) flushing: Mutex<Option<CompactJob>>,
     /// Held by the one defragmentation in progress.
     pub(super) defragging: Mutex<()>,
+    /// Bytes of revisions flushed since the last durable flush.
+    pub(super) unsynced: std::sync::atomic::AtomicU64,
     /// The revision the last finished compaction reached, and a condvar for waiters.
     pub(super) finished: (Mutex<i64>, Condvar),
     /// Wakes the flush thread.
@@ -206,6 +208,7 @@ impl Store {
             }),
             flushing: Mutex::new(first_job.map(CompactJob::new)),
             defragging: Mutex::new(()),
+            unsynced: std::sync::atomic::AtomicU64::new(0),
             finished: (Mutex::new(finished), Condvar::new()),
             wake: Signal::default(),
             hub: Hub::new(rev),
