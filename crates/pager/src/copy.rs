@@ -223,6 +223,12 @@ impl Copy {
         Ok(done)
     }
 
+    /// Makes what the copy holds so far durable (so that [`Copy::finish`] after a last
+    /// catch-up has only that round's pages to write).
+    pub fn sync(&self) -> Result<()> {
+        self.out.sync()
+    }
+
     /// Makes the copy durable and closes it; the file at the destination is complete.
     pub fn finish(self) -> Result<()> {
         drop(self.from);

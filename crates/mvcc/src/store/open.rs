@@ -273,9 +273,9 @@ impl Store {
     /// fresh, compact file that then replaces the store's. Flushes go on into the old file
     /// while the copy is made; then the copy catches up with what they wrote, reading only
     /// the paths to what changed ([`pager::Copy::catch_up`]), in rounds until a round has
-    /// little left to copy, and a last round with flushes held off (writes go on meanwhile,
-    /// into memory, where reads see them). Reads go on throughout on the old file, which stays
-    /// mapped until its last reader finishes. A crash at any point leaves either the old file
+    /// little left to copy; the copy is synced, and a last round runs with flushes held off
+    /// (writes go on meanwhile, into memory, where reads see them). Reads go on throughout on
+    /// the old file, which stays mapped until its last reader finishes. A crash at any point leaves either the old file
     /// or the complete new one at `path`.
     pub fn defragment(&self) -> Result<Defragmented> {
         /// Catch-up rounds with flushes going on, at most.
@@ -311,6 +311,9 @@ impl Store {
                     break;
                 }
             }
+            // The copy's pages to the disk before flushes are held off: the last round's
+            // sync then writes only what that round copied.
+            copy.sync()?;
             let no_flush = inner.flushing.lock();
             let last = copy.catch_up(&old)?;
             copy.finish()?;
