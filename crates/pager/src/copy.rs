@@ -8,7 +8,7 @@ use crate::btree::node::NodeRef;
 use crate::btree::Tree;
 use crate::db::{Db, Options};
 use crate::error::{Error, Result};
-use crate::tx::{ReadTxn, WriteTxn};
+use crate::tx::{Bucket, ReadTxn, WriteTxn};
 
 /// Commit the copy every 64 MiB so its writer's arena stays bounded.
 const BATCH: usize = 64 << 20;
@@ -48,20 +48,32 @@ pub struct CaughtUp {
     pub nodes_read: u64,
 }
 
-/// Puts into `w`'s bucket `name`, committing and starting a new transaction every [`BATCH`].
+/// Writes into the copy, committing and starting a new transaction every [`BATCH`], and counts
+/// what it wrote.
 struct Batcher<'db> {
     out: &'db Db,
     w: Option<WriteTxn<'db>>,
-    bytes: usize,
+    /// Bytes put since the last commit.
+    pending: usize,
+    done: CaughtUp,
 }
 
 impl<'db> Batcher<'db> {
+    fn new(out: &'db Db) -> Batcher<'db> {
+        Batcher {
+            out,
+            w: None,
+            pending: 0,
+            done: CaughtUp::default(),
+        }
+    }
+
     fn txn(&mut self) -> Result<&mut WriteTxn<'db>> {
-        if self.bytes >= BATCH {
+        if self.pending >= BATCH {
             if let Some(w) = self.w.take() {
                 w.commit_nosync()?;
             }
-            self.bytes = 0;
+            self.pending = 0;
         }
         let w = match self.w.take() {
             Some(w) => w,
@@ -72,15 +84,34 @@ impl<'db> Batcher<'db> {
 
     fn put(&mut self, name: &[u8], k: &[u8], v: &[u8]) -> Result<()> {
         self.txn()?.bucket(name)?.put(k, v)?;
-        self.bytes += k.len() + v.len();
+        self.pending += k.len() + v.len();
+        self.done.puts += 1;
+        self.done.bytes += (k.len() + v.len()) as u64;
         Ok(())
     }
 
-    fn commit(mut self) -> Result<()> {
-        match self.w.take() {
-            Some(w) => w.commit_nosync(),
-            None => Ok(()),
+    fn delete(&mut self, name: &[u8], k: &[u8]) -> Result<()> {
+        self.txn()?.bucket(name)?.delete(k)?;
+        self.done.deletes += 1;
+        Ok(())
+    }
+
+    /// Creates bucket `name` in the copy with every entry of `src`.
+    fn copy_bucket(&mut self, name: &[u8], src: Bucket<'_>) -> Result<()> {
+        self.txn()?.create_bucket(name)?;
+        for e in src.iter() {
+            let (k, v) = e?;
+            self.put(name, k, v)?;
         }
+        Ok(())
+    }
+
+    /// Commits what is left; what was written.
+    fn commit(mut self) -> Result<CaughtUp> {
+        if let Some(w) = self.w.take() {
+            w.commit_nosync()?;
+        }
+        Ok(self.done)
     }
 }
 
@@ -107,17 +138,9 @@ impl Db {
             },
         )?;
         let from = self.begin_read()?;
-        let mut b = Batcher {
-            out: &out,
-            w: None,
-            bytes: 0,
-        };
+        let mut b = Batcher::new(&out);
         for name in from.buckets()? {
-            b.txn()?.create_bucket(&name)?;
-            for e in from.bucket(&name)?.iter() {
-                let (k, v) = e?;
-                b.put(&name, k, v)?;
-            }
+            b.copy_bucket(&name, from.bucket(&name)?)?;
         }
         b.commit()?;
         Ok(Copy {
@@ -157,37 +180,23 @@ impl Copy {
             ));
         }
         let next = src.begin_read()?;
-        let mut done = CaughtUp::default();
         if next.txid() == self.from.txid() {
-            return Ok(done);
+            return Ok(CaughtUp::default());
         }
         let (old_names, new_names) = (self.from.buckets()?, next.buckets()?);
-        let mut b = Batcher {
-            out: &self.out,
-            w: None,
-            bytes: 0,
-        };
+        let mut b = Batcher::new(&self.out);
         for name in &old_names {
             if new_names.binary_search(name).is_err() {
                 b.txn()?.delete_bucket(name)?;
             }
         }
+        let mut nodes_read = 0;
         for name in &new_names {
-            let old_root = match old_names.binary_search(name) {
-                Ok(_) => self.from.bucket_root(name)?,
-                Err(_) => None,
-            };
             let Some(new_root) = next.bucket_root(name)? else {
                 continue;
             };
-            let Some(old_root) = old_root else {
-                b.txn()?.create_bucket(name)?;
-                for e in next.bucket(name)?.iter() {
-                    let (k, v) = e?;
-                    b.put(name, k, v)?;
-                    done.puts += 1;
-                    done.bytes += (k.len() + v.len()) as u64;
-                }
+            let Some(old_root) = self.from.bucket_root(name)? else {
+                b.copy_bucket(name, next.bucket(name)?)?;
                 continue;
             };
             if old_root == new_root {
@@ -198,27 +207,19 @@ impl Copy {
                 arena: &[],
                 root: NodeRef::Page(new_root),
             };
-            done.nodes_read +=
-                diff(
-                    (self.from.snap(), old_root),
-                    (next.snap(), new_root),
-                    |c| match c {
-                        Change::Put(k, v) => {
-                            let v = values.resolve(v)?;
-                            b.put(name, k, v)?;
-                            done.puts += 1;
-                            done.bytes += (k.len() + v.len()) as u64;
-                            Ok(())
-                        }
-                        Change::Delete(k) => {
-                            b.txn()?.bucket(name)?.delete(k)?;
-                            done.deletes += 1;
-                            Ok(())
-                        }
-                    },
-                )?;
+            nodes_read += diff(
+                (self.from.snap(), old_root),
+                (next.snap(), new_root),
+                |c| match c {
+                    Change::Put(k, v) => b.put(name, k, values.resolve(v)?),
+                    Change::Delete(k) => b.delete(name, k),
+                },
+            )?;
         }
-        b.commit()?;
+        let done = CaughtUp {
+            nodes_read,
+            ..b.commit()?
+        };
         self.from = next;
         Ok(done)
     }
