@@ -1,7 +1,8 @@
 //! Go's clientv3 and its concurrency package (mutex, election, STM) against kvd: runs the Go
 //! test module in `tests/clients/go` with a kvd process's endpoint — in the clear, over
 //! mutual TLS as a user of an auth-enabled kvd, and through a kvd leasing proxy in front of
-//! kvd and of etcd. The same module holds the leasing proxy's linearizability harness.
+//! kvd and of etcd. The same module holds the leasing proxy's linearizability harness and the
+//! robustness suite's short profile.
 
 mod common;
 
@@ -13,9 +14,14 @@ use common::{Addrs, Proc};
 
 /// `go test` of the module with `env`; its output, asserting that every test in `tests` passed.
 fn go_test(env: &[(&str, String)], tests: &[&str]) -> String {
+    go_test_in("./...", env, tests)
+}
+
+/// `go test` of the module's packages `pkgs`, as [`go_test`].
+fn go_test_in(pkgs: &str, env: &[(&str, String)], tests: &[&str]) -> String {
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/go");
     let out = Command::new("go")
-        .args(["test", "-count=1", "-v", "./..."])
+        .args(["test", "-count=1", "-timeout=20m", "-v", pkgs])
         .current_dir(&module)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("GOFLAGS", "-mod=mod")
@@ -161,4 +167,30 @@ fn leasing_proxies_stay_linearizable_under_faults() {
             "TestTheCheckerCatchesAStaleReadFromAProxy",
         ],
     );
+}
+
+/// The robustness suite's short profile (`tests/clients/go/robustness`): three kvd members
+/// behind forwarders, randomized traffic with every fault kind injected one at a time for 90
+/// s, the KV history checked by porcupine, every watcher's events and the members' final
+/// state checked; then each validator fed that run's records with a stale read, a dropped and
+/// a duplicated watch event and a lost write, and seen to fail. The long profile is
+/// `tests/tools/robustness.sh`.
+#[test]
+fn a_cluster_under_random_faults_keeps_every_guarantee() {
+    let out = go_test_in(
+        "./robustness/",
+        &[("KVD_ROBUSTNESS_BIN", common::kvd_bin().to_string())],
+        &[
+            "TestIsolationPartitionsAMember",
+            "TestShortProfileUnderFaults",
+            "TestShortProfileUnderFaults/validators",
+        ],
+    );
+    // The run's report, for the test's output.
+    for line in out
+        .lines()
+        .filter(|l| l.contains("robustness_test.go") || l.starts_with("        "))
+    {
+        println!("{line}");
+    }
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	"kvd.test/clients/go/internal/harness"
 )
 
 // The proxies' session TTL: short, so that faults past it fit in a short run.
@@ -54,9 +56,9 @@ func TestLeasingProxiesAreLinearizableUnderFaults(t *testing.T) {
 	b := startProxy(t, dir, "proxy-b", kvd, ms, proxyFlags()...)
 	pause := func(px *proxy, d time.Duration) func(*testing.T) {
 		return func(*testing.T) {
-			px.p.signal(syscall.SIGSTOP)
+			px.p.Signal(syscall.SIGSTOP)
 			time.Sleep(d)
-			px.p.signal(syscall.SIGCONT)
+			px.p.Signal(syscall.SIGCONT)
 		}
 	}
 	cut := func(px *proxy, d time.Duration) func(*testing.T) {
@@ -68,7 +70,7 @@ func TestLeasingProxiesAreLinearizableUnderFaults(t *testing.T) {
 	}
 	slow := func(px *proxy, d time.Duration) {
 		for _, f := range px.fwd {
-			f.delay.Store(int64(d))
+			f.Delay.Store(int64(d))
 		}
 	}
 	scenarios := []scenario{
@@ -82,19 +84,19 @@ func TestLeasingProxiesAreLinearizableUnderFaults(t *testing.T) {
 			slow(a, 0)
 		}},
 		{"kill-proxy", func(t *testing.T) {
-			a.p.kill()
+			a.p.Kill()
 			time.Sleep(time.Second)
-			a.p.start()
+			a.p.Start()
 		}},
 		{"pause-proxy-past-ttl", pause(a, ttl+2*time.Second)},
 		{"pause-proxy-within-ttl", pause(b, ttl/2)},
 		{"cut-proxy-past-ttl", cut(a, ttl+2*time.Second)},
 		{"cut-proxy-within-ttl", cut(b, ttl/2)},
 		{"kill-leader", func(t *testing.T) {
-			m := leader(t, ms)
-			m.p.kill()
+			m := ms.Members[max(ms.Leader(), 0)]
+			m.P.Kill()
 			time.Sleep(2 * time.Second)
-			m.p.start()
+			m.P.Start()
 		}},
 		{"cut-a-proxy-and-pause-the-other", func(t *testing.T) {
 			a.cut(true)
@@ -140,8 +142,8 @@ func TestLeasingProxiesAreLinearizableUnderFaults(t *testing.T) {
 			close(stop)
 			wg.Wait()
 			// Every proxy answers again before the next scenario.
-			waitReady(t, a.addr, a.p)
-			waitReady(t, b.addr, b.p)
+			harness.WaitReady(t, a.addr, a.p)
+			harness.WaitReady(t, b.addr, b.p)
 			// A restarted proxy counts from 0 again.
 			since := func(m string, before int64) int64 { return max(both(m)-before, 0) }
 			hits = since("etcd_grpc_proxy_cache_hits_total", hits)
@@ -150,7 +152,7 @@ func TestLeasingProxiesAreLinearizableUnderFaults(t *testing.T) {
 			t.Logf("%s: %d reads answered from a cache, %d keys taken, %d revocations", sc.name, hits, taken, revoked)
 			if res := r.check(t, dir, sc.name); res != porcupine.Ok {
 				t.Errorf("%s: the history is not linearizable (%s)\nproxy-a:\n%s\nproxy-b:\n%s",
-					sc.name, res, a.p.tail(), b.p.tail())
+					sc.name, res, a.p.Tail(), b.p.Tail())
 			}
 			if sc.name == "no-fault" && (hits == 0 || revoked == 0) {
 				t.Errorf("no-fault: %d hits and %d revocations: the run did not exercise the leasing protocol", hits, revoked)
@@ -169,7 +171,7 @@ func TestTheCheckerCatchesAStaleReadFromAProxy(t *testing.T) {
 	ms := startCluster(t, dir, kvd, 1)
 	px := startProxy(t, dir, "proxy", kvd, ms, "--experimental-leasing-prefix=_lease/", "--leasing-ttl=20s")
 	viaProxy := kvClient(t, px.addr)
-	direct := kvClient(t, ms[0].client[len("http://"):])
+	direct := kvClient(t, ms.Members[0].Addr())
 	r := newRecorder()
 	r.do(0, viaProxy, input{op: opPut, key: "k", value: "v1"})
 	r.do(0, viaProxy, input{op: opGet, key: "k"})
@@ -181,7 +183,7 @@ func TestTheCheckerCatchesAStaleReadFromAProxy(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the proxy did not take the key:\n%s", px.p.tail())
+			t.Fatalf("the proxy did not take the key:\n%s", px.p.Tail())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -191,7 +193,7 @@ func TestTheCheckerCatchesAStaleReadFromAProxy(t *testing.T) {
 	px.cut(false)
 	last := r.ops[len(r.ops)-1]
 	if o := last.Output.(output); len(r.ops) != 4 || !o.exists || o.value != "v1" {
-		t.Fatalf("the proxy did not answer from its cache: %+v\n%s", r.ops, px.p.tail())
+		t.Fatalf("the proxy did not answer from its cache: %+v\n%s", r.ops, px.p.Tail())
 	}
 	if res := r.check(t, dir, "stale"); res != porcupine.Illegal {
 		t.Fatalf("the checker passed a history with a stale read: %s", res)

@@ -1,0 +1,218 @@
+package robustness
+
+import (
+	"context"
+	"math/rand"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"kvd.test/clients/go/internal/harness"
+)
+
+func bin(t *testing.T) string {
+	b := os.Getenv("KVD_ROBUSTNESS_BIN")
+	if b == "" {
+		t.Skip("KVD_ROBUSTNESS_BIN is not set: run through crates/kvd/tests/go_client.rs")
+	}
+	return b
+}
+
+func seed() int64 {
+	if s, err := strconv.ParseInt(os.Getenv("KVD_ROBUSTNESS_SEED"), 10, 64); err == nil {
+		return s
+	}
+	return time.Now().UnixNano() % 1_000_000
+}
+
+// The short profile: three members, every fault kind, checked; then each validator is fed
+// the same run's records with one fault injected into them, and must find it.
+func TestShortProfileUnderFaults(t *testing.T) {
+	b := bin(t)
+	d := 90 * time.Second
+	if s := os.Getenv("KVD_ROBUSTNESS_DURATION"); s != "" {
+		if x, err := time.ParseDuration(s); err == nil {
+			d = x
+		}
+	}
+	var all []string
+	for name := range Faults {
+		all = append(all, name)
+	}
+	rep := Run(t, Config{
+		Bin: b, Members: 3, Duration: d, Clients: 6, Watchers: 3, Faults: all,
+		Seed: seed(), Dir: t.TempDir(), Mix: EtcdMix,
+	})
+	t.Log(rep.Summary())
+	if len(rep.Violations) > 0 {
+		t.Fatalf("%d violations (seed %d: KVD_ROBUSTNESS_SEED=%d replays the fault schedule)", len(rep.Violations), rep.Seed, rep.Seed)
+	}
+	if rep.Operations < 1000 || rep.Events < 1000 || len(rep.Faults) < 5 {
+		t.Fatalf("the run did too little to mean anything: %d operations, %d events, %d faults", rep.Operations, rep.Events, len(rep.Faults))
+	}
+	t.Run("validators", func(t *testing.T) { checkValidatorsFail(t, rep) })
+}
+
+// checkValidatorsFail feeds the validators a clean run's records with a stale read, a
+// dropped, a duplicated watch event and a lost write put into them.
+func checkValidatorsFail(t *testing.T, rep *Report) {
+	hist := rep.history
+	// A stale read: a get called after a put of its key returned, answered with the value
+	// and revision from before that put.
+	stale := -1
+	for i, op := range hist {
+		in, out := op.Input.(input), op.Output.(output)
+		if in.kind != opGet || out.unknown || out.kv.mod < 2 {
+			continue
+		}
+		for _, w := range hist {
+			wi, wo := w.Input.(input), w.Output.(output)
+			if wi.kind == opPut && !wo.unknown && wi.key == in.key && wo.rev == out.kv.mod && w.Return < op.Call {
+				stale = i
+				h := append([]porcupine.Operation(nil), hist...)
+				o := out
+				o.kv, o.rev = wo.kv, wo.rev-1
+				h[i].Output = o
+				if res := porcupine.CheckOperationsTimeout(model, h, time.Minute); res != porcupine.Illegal {
+					t.Errorf("porcupine passed a stale read (%s): %s", res, model.DescribeOperation(in, o))
+				}
+				break
+			}
+		}
+		if stale >= 0 {
+			break
+		}
+	}
+	if stale < 0 {
+		t.Errorf("no read in the run to make stale")
+	}
+	// Watch events dropped, duplicated; a write lost.
+	mutate := func(name, want string, f func(ws []*watcher) bool) {
+		ws := copyWatchers(rep.watchers)
+		if !f(ws) {
+			t.Errorf("%s: nothing in the run to change", name)
+			return
+		}
+		c := checkWatches(ws, rep.FinalRev, hist)
+		found := false
+		for _, v := range c.violations {
+			found = found || strings.Contains(v, want)
+		}
+		if !found {
+			t.Errorf("%s: the watch check did not say %q: %v", name, want, c.violations)
+		}
+	}
+	mutate("drop", "missed revision", func(ws []*watcher) bool {
+		s := ws[0].sessions[len(ws[0].sessions)-1]
+		for i := len(s.items) / 2; i < len(s.items); i++ {
+			if len(s.items[i].events) > 0 {
+				s.items = append(s.items[:i], s.items[i+1:]...)
+				return true
+			}
+		}
+		return false
+	})
+	mutate("duplicate", "twice", func(ws []*watcher) bool {
+		s := ws[1].sessions[len(ws[1].sessions)-1]
+		for i := len(s.items) / 2; i < len(s.items); i++ {
+			if len(s.items[i].events) > 0 {
+				s.items = append(s.items[:i+1], s.items[i:]...)
+				return true
+			}
+		}
+		return false
+	})
+	mutate("lost write", "no watcher saw", func(ws []*watcher) bool {
+		var rev int64
+		for _, op := range hist {
+			in, out := op.Input.(input), op.Output.(output)
+			if in.kind == opPut && !out.unknown {
+				rev = out.rev
+			}
+		}
+		for _, w := range ws {
+			for _, s := range w.sessions {
+				for i := range s.items {
+					var keep []wevent
+					for _, e := range s.items[i].events {
+						if e.rev != rev {
+							keep = append(keep, e)
+						}
+					}
+					s.items[i].events = keep
+				}
+			}
+		}
+		return rev > 0
+	})
+}
+
+func copyWatchers(ws []*watcher) []*watcher {
+	var out []*watcher
+	for _, w := range ws {
+		c := &watcher{id: w.id}
+		for _, s := range w.sessions {
+			cs := *s
+			cs.items = nil
+			for _, it := range s.items {
+				cs.items = append(cs.items, item{events: append([]wevent(nil), it.events...), progress: it.progress})
+			}
+			c.sessions = append(c.sessions, &cs)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// The peer forwarders know which member opened each connection, and a member isolated
+// through them loses the cluster: the others elect a leader without it, it answers no
+// linearizable read, and once healed it serves again.
+func TestIsolationPartitionsAMember(t *testing.T) {
+	c := harness.StartCluster(t, t.TempDir(), harness.Options{Bin: bin(t), Members: 3, ForwardClients: true, ForwardPeers: true})
+	f := &faulter{c: c, rng: rand.New(rand.NewSource(1))}
+	if err := f.healthy(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	l := c.Leader()
+	if l < 0 {
+		t.Fatal("no leader")
+	}
+	// The leader sends to every follower (followers send nothing to each other).
+	for i, m := range c.Members {
+		if senders := m.PeerFwd.Senders(); i != l && senders[c.Members[l].ID] == 0 {
+			t.Errorf("m%d's peer forwarder has no connection it knows to be from the leader m%d: %v", i, l, senders)
+		}
+	}
+	c.Isolate(l)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nl := -1
+		for i, s := range c.Status() {
+			if i != l && s != nil && s.Leader == s.Header.MemberId {
+				nl = i
+			}
+		}
+		if nl >= 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new leader with m%d isolated", l)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cl := harness.AdminClient(t, c.Members[l].Direct)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err := cl.Get(ctx, "k")
+	cancel()
+	if err == nil {
+		t.Fatalf("isolated m%d answered a linearizable read", l)
+	}
+	c.Heal()
+	if err := f.healthy(30 * time.Second); err != nil {
+		t.Fatalf("after healing: %v", err)
+	}
+}

@@ -1,0 +1,410 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"kvd.test/clients/go/internal/harness"
+)
+
+// Config is one run.
+type Config struct {
+	Bin      string
+	Members  int
+	Duration time.Duration
+	Clients  int
+	Watchers int
+	// Faults by name (see Faults); a run injects them one at a time, chosen at random.
+	Faults []string
+	Seed   int64
+	Dir    string
+	Mix    Mix
+	// CheckTimeout bounds porcupine.
+	CheckTimeout time.Duration
+}
+
+// Report is what a run did and what its validation found.
+type Report struct {
+	Seed                        int64
+	Operations, Unknown, Failed int
+	Kinds                       string
+	Faults                      []string
+	Events, Sessions            int
+	FinalRev                    int64
+	Linearizable                porcupine.CheckResult
+	// Unresolved: writes of unknown outcome left so after the watchers' events were read.
+	Unresolved     int
+	Violations     []string
+	history        []porcupine.Operation
+	watchers       []*watcher
+	Elapsed        time.Duration
+	checkTime      time.Duration
+	members        int
+	bin            string
+	replayComplete bool
+}
+
+func (r *Report) violate(format string, args ...any) {
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+// Summary is the report in a few lines.
+func (r *Report) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %d members, seed %d, %s: %d operations answered (%s), %d of unknown outcome, %d failed with no effect; final revision %d\n",
+		filepath.Base(r.bin), r.members, r.Seed, r.Elapsed.Round(time.Second), r.Operations, r.Kinds, r.Unknown, r.Failed, r.FinalRev)
+	fmt.Fprintf(&b, "faults (%d): %s\n", len(r.Faults), strings.Join(r.Faults, ", "))
+	fmt.Fprintf(&b, "watch: %d events in %d sessions checked; linearizability: %s (%s, %d writes of unknown outcome left); violations: %d\n",
+		r.Events, r.Sessions, r.Linearizable, r.checkTime.Round(time.Millisecond), r.Unresolved, len(r.Violations))
+	for _, v := range r.Violations {
+		fmt.Fprintf(&b, "  VIOLATION: %s\n", v)
+	}
+	return b.String()
+}
+
+// Faults are the faults a run can inject, by name. Each returns what it did, once every
+// change it made is undone.
+var Faults = map[string]func(f *faulter) string{
+	"kill": func(f *faulter) string {
+		i := f.target()
+		f.c.Members[i].P.Kill()
+		f.sleep(500*time.Millisecond, 2*time.Second)
+		f.c.Members[i].P.Start()
+		return fmt.Sprintf("kill m%d", i)
+	},
+	"pause": func(f *faulter) string {
+		i := f.target()
+		f.c.Members[i].P.Signal(syscall.SIGSTOP)
+		d := f.sleep(500*time.Millisecond, 3*time.Second)
+		f.c.Members[i].P.Signal(syscall.SIGCONT)
+		return fmt.Sprintf("pause m%d %s", i, d.Round(time.Millisecond))
+	},
+	"isolate": func(f *faulter) string {
+		i := f.target()
+		f.c.Isolate(i)
+		d := f.sleep(time.Second, 4*time.Second)
+		f.c.Heal()
+		return fmt.Sprintf("isolate m%d %s", i, d.Round(time.Millisecond))
+	},
+	"oneway": func(f *faulter) string {
+		i := f.target()
+		for j := range f.c.Members {
+			if j != i {
+				f.c.Block(i, j)
+			}
+		}
+		d := f.sleep(time.Second, 4*time.Second)
+		f.c.Heal()
+		return fmt.Sprintf("drop m%d's messages %s", i, d.Round(time.Millisecond))
+	},
+	"client-cut": func(f *faulter) string {
+		i := f.rng.Intn(len(f.c.Members))
+		f.c.Members[i].ClientFwd.SetCut(true)
+		d := f.sleep(500*time.Millisecond, 2*time.Second)
+		f.c.Members[i].ClientFwd.SetCut(false)
+		return fmt.Sprintf("cut m%d's clients %s", i, d.Round(time.Millisecond))
+	},
+	"transfer": func(f *faulter) string {
+		l := f.c.Leader()
+		to := f.rng.Intn(len(f.c.Members))
+		if to == l {
+			to = (to + 1) % len(f.c.Members)
+		}
+		if err := f.c.MoveLeader(to); err != nil {
+			return fmt.Sprintf("move leader m%d -> m%d: %v", l, to, err)
+		}
+		return fmt.Sprintf("move leader m%d -> m%d", l, to)
+	},
+	"compact-defrag": func(f *faulter) string {
+		i := f.rng.Intn(len(f.c.Members))
+		cl, err := f.admin()
+		if err != nil {
+			return fmt.Sprintf("compact: %v", err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		g, err := cl.Get(ctx, "ready")
+		if err != nil {
+			return fmt.Sprintf("compact: %v", err)
+		}
+		// Far enough behind that watchers resuming after a fault are not compacted.
+		rev := g.Header.Revision - 2000
+		out := "defragment"
+		if rev > 1 {
+			if _, err := cl.Compact(ctx, rev); err != nil && !strings.Contains(err.Error(), "compacted") {
+				return fmt.Sprintf("compact %d: %v", rev, err)
+			}
+			out = fmt.Sprintf("compact %d, defragment", rev)
+		}
+		if _, err := cl.Defragment(ctx, f.c.Members[i].Client); err != nil {
+			return fmt.Sprintf("%s m%d: %v", out, i, err)
+		}
+		return fmt.Sprintf("%s m%d", out, i)
+	},
+}
+
+// The faults that need more than one member.
+var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": true}
+
+// faulter injects faults into one cluster.
+type faulter struct {
+	c   *harness.Cluster
+	rng *rand.Rand
+}
+
+// target is the leader half the time, another member otherwise.
+func (f *faulter) target() int {
+	if l := f.c.Leader(); l >= 0 && f.rng.Intn(2) == 0 {
+		return l
+	}
+	return f.rng.Intn(len(f.c.Members))
+}
+
+func (f *faulter) sleep(lo, hi time.Duration) time.Duration {
+	d := lo + time.Duration(f.rng.Int63n(int64(hi-lo)))
+	time.Sleep(d)
+	return d
+}
+
+func (f *faulter) admin() (*clientv3.Client, error) {
+	var eps []string
+	for _, m := range f.c.Members {
+		eps = append(eps, m.Direct)
+	}
+	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second})
+}
+
+// healthy waits until every member answers a linearizable read, for at most d.
+func (f *faulter) healthy(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for _, m := range f.c.Members {
+		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Direct}, DialTimeout: time.Second})
+		if err != nil {
+			return err
+		}
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err = cl.Get(ctx, "ready")
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				cl.Close()
+				return fmt.Errorf("%s: %v", m.Name, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		cl.Close()
+	}
+	return nil
+}
+
+// Run starts a cluster, runs traffic and faults for the configured time, and validates what
+// it recorded.
+func Run(tb harness.TB, cfg Config) *Report {
+	if cfg.CheckTimeout == 0 {
+		cfg.CheckTimeout = 5 * time.Minute
+	}
+	rep := &Report{Seed: cfg.Seed, members: cfg.Members, bin: cfg.Bin}
+	began := time.Now()
+	c := harness.StartCluster(tb, cfg.Dir, harness.Options{
+		Bin: cfg.Bin, Members: cfg.Members, ForwardClients: true, ForwardPeers: true, Token: fmt.Sprintf("robustness-%d", cfg.Seed),
+	})
+	f := &faulter{c: c, rng: rand.New(rand.NewSource(cfg.Seed))}
+	if err := f.healthy(30 * time.Second); err != nil {
+		tb.Fatalf("the cluster did not start: %v", err)
+	}
+	var addrs []string
+	for _, m := range c.Members {
+		addrs = append(addrs, m.Addr())
+	}
+	r := newRecorder()
+	stopTraffic, stopWatch := make(chan struct{}), make(chan struct{})
+	var ws []*watcher
+	var wwg sync.WaitGroup
+	for i := 0; i < cfg.Watchers; i++ {
+		w := &watcher{id: i}
+		ws = append(ws, w)
+		wwg.Add(1)
+		go w.run(addrs, stopWatch, &wwg)
+	}
+	wait, err := traffic(r, addrs, cfg.Clients, cfg.Mix, cfg.Seed, stopTraffic)
+	if err != nil {
+		tb.Fatalf("traffic: %v", err)
+	}
+	var faults []string
+	for _, name := range cfg.Faults {
+		if cfg.Members > 1 || !clusterOnly[name] {
+			faults = append(faults, name)
+		}
+	}
+	sort.Strings(faults)
+	time.Sleep(time.Second)
+	for len(faults) > 0 && time.Since(began) < cfg.Duration {
+		name := faults[f.rng.Intn(len(faults))]
+		did := Faults[name](f)
+		rep.Faults = append(rep.Faults, did)
+		tb.Logf("%s: %s", time.Since(began).Round(time.Millisecond), did)
+		if err := f.healthy(30 * time.Second); err != nil {
+			rep.violate("after %q the cluster did not recover within 30 s: %v", did, err)
+			break
+		}
+		f.sleep(500*time.Millisecond, 1500*time.Millisecond)
+	}
+	if rem := cfg.Duration - time.Since(began); len(faults) == 0 && rem > 0 {
+		time.Sleep(rem)
+	}
+	close(stopTraffic)
+	wait()
+	tb.Logf("%s: traffic stopped", time.Since(began).Round(time.Millisecond))
+
+	// The end: every member at the last revision, every watcher caught up to it.
+	if err := f.healthy(30 * time.Second); err != nil {
+		rep.violate("at the end the cluster did not answer within 30 s: %v", err)
+	}
+	rep.FinalRev = finalRevision(c)
+	for i, m := range c.Members {
+		if exited, how := m.P.Exited(); exited {
+			rep.violate("m%d %s on its own:\n%s", i, how, m.P.Tail())
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, w := range ws {
+		for !w.caughtUp(rep.FinalRev) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !w.caughtUp(rep.FinalRev) {
+			s := w.current()
+			rep.violate("watcher %d did not reach revision %d within 30 s (its stream on m%d has seen %d)", w.id, rep.FinalRev, s.member, s.high())
+		}
+	}
+	close(stopWatch)
+	wwg.Wait()
+	tb.Logf("%s: watchers stopped at revision %d; checking", time.Since(began).Round(time.Millisecond), rep.FinalRev)
+
+	rep.history = r.history()
+	rep.watchers = ws
+	rep.Operations, rep.Unknown, rep.Failed, rep.Kinds = r.ok, r.unknown, r.failed, r.kindCounts()
+	rep.Elapsed = time.Since(began)
+	rep.validate(cfg, c)
+	return rep
+}
+
+// finalRevision is the cluster's revision once every member has applied it.
+func finalRevision(c *harness.Cluster) int64 {
+	var rev int64
+	for i := 0; i < 50 && rev == 0; i++ {
+		for _, s := range c.Status() {
+			if s != nil && s.Leader == s.Header.MemberId {
+				rev = s.Header.Revision
+			}
+		}
+		if rev == 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		behind := false
+		for _, s := range c.Status() {
+			if s == nil || s.Header.Revision < rev {
+				behind = true
+			}
+		}
+		if !behind {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return rev
+}
+
+// validate checks the recorded histories and the members' final state.
+func (rep *Report) validate(cfg Config, c *harness.Cluster) {
+	wc := checkWatches(rep.watchers, rep.FinalRev, rep.history)
+	rep.Events = wc.events
+	for _, w := range rep.watchers {
+		rep.Sessions += len(w.sessions)
+	}
+	for _, v := range wc.violations {
+		rep.violate("watch: %s", v)
+	}
+	rep.replayComplete = wc.complete
+	if !wc.complete {
+		rep.violate("watch: the events seen do not cover every revision to %d", rep.FinalRev)
+	}
+	t0 := time.Now()
+	hist := patch(rep.history, wc)
+	for _, op := range hist {
+		if op.Output.(output).unknown {
+			rep.Unresolved++
+		}
+	}
+	// The verbose check (which keeps what the drawing needs) is far slower: it runs only to
+	// draw a history found wrong.
+	res := porcupine.CheckOperationsTimeout(model, hist, cfg.CheckTimeout)
+	rep.checkTime = time.Since(t0)
+	rep.Linearizable = res
+	if res != porcupine.Ok {
+		path := filepath.Join(cfg.Dir, "history.html")
+		rep.violate("the KV history is %s (porcupine; drawn in %s)", res, path)
+		if res == porcupine.Illegal {
+			_, info := porcupine.CheckOperationsVerbose(model, hist, cfg.CheckTimeout)
+			porcupine.VisualizePath(model, info, path)
+		}
+	}
+	rep.checkEnd(c, wc)
+}
+
+// checkEnd compares the members: the same hash of the store at the final revision, and the
+// same keys as the watchers' replay.
+func (rep *Report) checkEnd(c *harness.Cluster, wc *watchCheck) {
+	var first *pb.HashKVResponse
+	for i := range c.Members {
+		h, err := c.HashKV(i, rep.FinalRev)
+		if err != nil {
+			rep.violate("HashKV of m%d at %d: %v", i, rep.FinalRev, err)
+			continue
+		}
+		if first == nil {
+			first = h
+		} else if h.Hash != first.Hash || h.CompactRevision != first.CompactRevision {
+			rep.violate("m%d's HashKV at %d is %d (compacted at %d), m0's %d (at %d)", i, rep.FinalRev, h.Hash, h.CompactRevision, first.Hash, first.CompactRevision)
+		}
+		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].Direct}, DialTimeout: time.Second})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := cl.Get(ctx, Prefix, clientv3.WithPrefix(), clientv3.WithSerializable(), clientv3.WithRev(rep.FinalRev))
+		cancel()
+		cl.Close()
+		if err != nil {
+			rep.violate("m%d's keys at %d: %v", i, rep.FinalRev, err)
+			continue
+		}
+		var got state
+		got.rev = rep.FinalRev
+		for _, x := range resp.Kvs {
+			if k := keyIndex(string(x.Key)); k >= 0 {
+				got.kvs[k] = fromPB(x)
+			}
+		}
+		if wc.complete && got != wc.final {
+			rep.violate("m%d holds %s; the events replay to %s", i, got, wc.final)
+		}
+	}
+}

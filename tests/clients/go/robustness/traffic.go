@@ -1,0 +1,347 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// recorder keeps the operations of every client, timed on one monotonic clock.
+type recorder struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+	// Counts, for the report.
+	ok, failed, unknown int
+	byKind              [len(kindNames)]int
+}
+
+func newRecorder() *recorder { return &recorder{start: time.Now()} }
+
+func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
+
+// Never is the return time of a write whose outcome is unknown: it may take effect at any time
+// after its call.
+const never = int64(1) << 62
+
+func (r *recorder) add(client int, in input, call int64, out output, ret int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if out.unknown {
+		ret = never
+		r.unknown++
+	} else {
+		r.ok++
+		r.byKind[in.kind]++
+	}
+	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+}
+
+func (r *recorder) history() []porcupine.Operation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]porcupine.Operation(nil), r.ops...)
+}
+
+// conns is a client's connections, one per member; it uses one until calls to it fail, then
+// moves to the next.
+type conns struct {
+	kv    []pb.KVClient
+	lease []pb.LeaseClient
+	cc    []*grpc.ClientConn
+	home  int
+	fails int
+}
+
+func dial(addrs []string, home int) (*conns, error) {
+	c := &conns{home: home % len(addrs)}
+	for _, a := range addrs {
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.cc = append(c.cc, cc)
+		c.kv = append(c.kv, pb.NewKVClient(cc))
+		c.lease = append(c.lease, pb.NewLeaseClient(cc))
+	}
+	return c, nil
+}
+
+func (c *conns) close() {
+	for _, cc := range c.cc {
+		cc.Close()
+	}
+}
+
+func (c *conns) result(err error) {
+	if err == nil {
+		c.fails = 0
+		return
+	}
+	if c.fails++; c.fails >= 2 {
+		c.home = (c.home + 1) % len(c.kv)
+		c.fails = 0
+	}
+}
+
+// client is one of the traffic's clients: its connections, its leases, and what it last
+// read of each key (the mod revision its transactions compare).
+type client struct {
+	id     int
+	c      *conns
+	rng    *rand.Rand
+	leases []int64
+	seen   [nKeys]int64
+	n      int
+}
+
+// Mix is the share of each kind of operation in the traffic.
+type Mix struct {
+	Get, List, Put, Delete, Txn, LeasePut, Revoke float64
+}
+
+// EtcdMix is the etcd profile: reads and writes of every kind, with leases.
+var EtcdMix = Mix{Get: 0.3, List: 0.1, Put: 0.2, Delete: 0.08, Txn: 0.2, LeasePut: 0.08, Revoke: 0.04}
+
+func (cl *client) next(m Mix) input {
+	x := cl.rng.Float64() * (m.Get + m.List + m.Put + m.Delete + m.Txn + m.LeasePut + m.Revoke)
+	k := cl.rng.Intn(nKeys)
+	cl.n++
+	value := fmt.Sprintf("c%d-%d", cl.id, cl.n)
+	switch {
+	case x < m.Get:
+		return input{kind: opGet, key: k}
+	case x < m.Get+m.List:
+		return input{kind: opList, limit: int64(cl.rng.Intn(4))}
+	case x < m.Get+m.List+m.Put:
+		return input{kind: opPut, key: k, value: value}
+	case x < m.Get+m.List+m.Put+m.Delete:
+		return input{kind: opDelete, key: k}
+	case x < m.Get+m.List+m.Put+m.Delete+m.Txn:
+		return input{kind: opTxn, key: k, value: value, cmpMod: cl.seen[k]}
+	case x < m.Get+m.List+m.Put+m.Delete+m.Txn+m.LeasePut:
+		return input{kind: opPut, key: k, value: value, lease: -1}
+	default:
+		return input{kind: opRevoke, lease: -1}
+	}
+}
+
+// do runs one operation and records it. A read that fails took no effect, nor did a write
+// refused for a reason that says so; any other failed write is of unknown outcome.
+func (cl *client) do(r *recorder, in input) {
+	if in.lease == -1 {
+		// A put with a lease: grant one first if the client holds none (grants are not
+		// in the model: they change no key and no revision).
+		if len(cl.leases) == 0 {
+			if in.kind == opRevoke {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			g, err := cl.c.lease[cl.c.home].LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: 3600})
+			cancel()
+			cl.c.result(err)
+			if err != nil {
+				return
+			}
+			cl.leases = append(cl.leases, g.ID)
+		}
+		in.lease = cl.leases[cl.rng.Intn(len(cl.leases))]
+	}
+	timeout := 2 * time.Second
+	if in.write() {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	kvc := cl.c.kv[cl.c.home]
+	key := []byte(keyName(in.key))
+	call := r.now()
+	var out output
+	var err error
+	switch in.kind {
+	case opGet:
+		var resp *pb.RangeResponse
+		if resp, err = kvc.Range(ctx, &pb.RangeRequest{Key: key}); err == nil {
+			out.rev = resp.Header.Revision
+			if len(resp.Kvs) > 0 {
+				out.kv = fromPB(resp.Kvs[0])
+			}
+		}
+	case opList:
+		var resp *pb.RangeResponse
+		if resp, err = kvc.Range(ctx, &pb.RangeRequest{Key: []byte(Prefix), RangeEnd: prefixEnd(Prefix), Limit: in.limit}); err == nil {
+			out.rev, out.count, out.more = resp.Header.Revision, resp.Count, resp.More
+			for _, x := range resp.Kvs {
+				out.kvs = append(out.kvs, fromPB(x))
+				out.keys = append(out.keys, keyIndex(string(x.Key)))
+			}
+		}
+	case opPut:
+		var resp *pb.PutResponse
+		if resp, err = kvc.Put(ctx, &pb.PutRequest{Key: key, Value: []byte(in.value), Lease: in.lease, PrevKv: true}); err == nil {
+			out.rev = resp.Header.Revision
+			if resp.PrevKv != nil {
+				out.kv = fromPB(resp.PrevKv)
+			}
+		}
+	case opDelete:
+		var resp *pb.DeleteRangeResponse
+		if resp, err = kvc.DeleteRange(ctx, &pb.DeleteRangeRequest{Key: key, PrevKv: true}); err == nil {
+			out.rev, out.deleted = resp.Header.Revision, resp.Deleted
+			if len(resp.PrevKvs) > 0 {
+				out.kv = fromPB(resp.PrevKvs[0])
+			}
+		}
+	case opTxn:
+		var resp *pb.TxnResponse
+		resp, err = kvc.Txn(ctx, &pb.TxnRequest{
+			Compare: []*pb.Compare{{Key: key, Target: pb.Compare_MOD, Result: pb.Compare_EQUAL,
+				TargetUnion: &pb.Compare_ModRevision{ModRevision: in.cmpMod}}},
+			Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{Key: key, Value: []byte(in.value), Lease: in.lease}}}},
+			Failure: []*pb.RequestOp{{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: key}}}},
+		})
+		if err == nil {
+			out.rev, out.succeeded = resp.Header.Revision, resp.Succeeded
+			if !resp.Succeeded && len(resp.Responses) == 1 {
+				if rr := resp.Responses[0].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+					out.kv = fromPB(rr.Kvs[0])
+				}
+			}
+		}
+	case opRevoke:
+		var resp *pb.LeaseRevokeResponse
+		if resp, err = cl.c.lease[cl.c.home].LeaseRevoke(ctx, &pb.LeaseRevokeRequest{ID: in.lease}); err == nil {
+			out.rev = resp.Header.Revision
+		}
+		// Revoked, or of unknown outcome: either way the client lets go of it.
+		for j, l := range cl.leases {
+			if l == in.lease {
+				cl.leases = append(cl.leases[:j], cl.leases[j+1:]...)
+				break
+			}
+		}
+	}
+	ret := r.now()
+	cl.c.result(err)
+	if err != nil {
+		if !in.write() || noEffect(err) {
+			if isLeaseGone(err) {
+				cl.dropLease(in.lease)
+			}
+			r.mu.Lock()
+			r.failed++
+			r.mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+			return
+		}
+		out = output{unknown: true}
+	}
+	switch {
+	case out.unknown:
+	case in.kind == opGet || (in.kind == opTxn && !out.succeeded):
+		cl.seen[in.key] = out.kv.mod
+	case in.kind == opPut || in.kind == opTxn:
+		cl.seen[in.key] = out.rev
+	case in.kind == opDelete:
+		cl.seen[in.key] = 0
+	}
+	r.add(cl.id, in, call, out, ret)
+}
+
+func (cl *client) dropLease(id int64) {
+	for j, l := range cl.leases {
+		if l == id {
+			cl.leases = append(cl.leases[:j], cl.leases[j+1:]...)
+			return
+		}
+	}
+}
+
+func fromPB(x *mvccpb.KeyValue) kv {
+	return kv{value: string(x.Value), create: x.CreateRevision, mod: x.ModRevision, ver: x.Version, lease: x.Lease}
+}
+
+func prefixEnd(p string) []byte {
+	b := []byte(p)
+	b[len(b)-1]++
+	return b
+}
+
+// noEffect: the call failed in a way that says it did nothing: never sent, or refused before
+// it was proposed.
+func noEffect(err error) bool {
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	if isLeaseGone(err) {
+		return true
+	}
+	// gRPC sends a call only on a connection whose server preface it has read: a call that
+	// failed while its connection was being made was never sent.
+	m := s.Message()
+	return s.Code() == codes.Unavailable && (strings.Contains(m, "connection refused") ||
+		strings.Contains(m, "server preface") || strings.HasPrefix(m, "connection error"))
+}
+
+func isLeaseGone(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.NotFound && strings.Contains(s.Message(), "lease not found")
+}
+
+// traffic runs `clients` clients over `addrs` until stop closes.
+func traffic(r *recorder, addrs []string, clients int, mix Mix, seed int64, stop <-chan struct{}) (func(), error) {
+	var wg sync.WaitGroup
+	var all []*conns
+	for i := 0; i < clients; i++ {
+		c, err := dial(addrs, i)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, c)
+		cl := &client{id: i, c: c, rng: rand.New(rand.NewSource(seed*1000 + int64(i)))}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				cl.do(r, cl.next(mix))
+			}
+		}()
+	}
+	return func() {
+		wg.Wait()
+		for _, c := range all {
+			c.close()
+		}
+	}, nil
+}
+
+// kindCounts is the report's line of answered operations by kind.
+func (r *recorder) kindCounts() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var parts []string
+	for k, n := range r.byKind {
+		parts = append(parts, fmt.Sprintf("%s %d", kindNames[k], n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}

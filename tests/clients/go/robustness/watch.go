@@ -1,0 +1,438 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// wevent is one watch event.
+type wevent struct {
+	rev  int64
+	key  int
+	put  bool
+	kv   kv // a put's key; a delete's is empty
+	prev kv // prev_kv, empty if none was sent
+}
+
+func (e wevent) String() string {
+	if e.put {
+		return fmt.Sprintf("@%d put k%d=%s (prev %s)", e.rev, e.key, e.kv, e.prev)
+	}
+	return fmt.Sprintf("@%d delete k%d (prev %s)", e.rev, e.key, e.prev)
+}
+
+// item is what one response brought a session: events, or a progress notification.
+type item struct {
+	events   []wevent
+	progress int64
+}
+
+// session is one Watch stream of a watcher, from its start revision until it broke, was
+// compacted, or the run ended.
+type session struct {
+	member    int
+	start     int64
+	items     []item
+	compacted int64
+	end       string
+}
+
+// high is the revision the session has seen everything up to (its last event or progress).
+func (s *session) high() int64 {
+	h := s.start - 1
+	for _, it := range s.items {
+		for _, e := range it.events {
+			h = max(h, e.rev)
+		}
+		h = max(h, it.progress)
+	}
+	return h
+}
+
+// watcher watches Prefix from revision 1 with prev_kv, for the whole run: when a stream
+// breaks it watches again from the revision after the last it saw, through the next member.
+type watcher struct {
+	id       int
+	mu       sync.Mutex
+	sessions []*session
+	events   int
+}
+
+func (w *watcher) current() *session {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sessions[len(w.sessions)-1]
+}
+
+// caughtUp: the current session has seen everything up to rev.
+func (w *watcher) caughtUp(rev int64) bool {
+	s := w.current()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return s.high() >= rev
+}
+
+func (w *watcher) run(addrs []string, stop <-chan struct{}, done *sync.WaitGroup) {
+	defer done.Done()
+	next, member := int64(1), w.id%len(addrs)
+	for {
+		s := &session{member: member, start: next}
+		w.mu.Lock()
+		w.sessions = append(w.sessions, s)
+		w.mu.Unlock()
+		stopped := w.session(addrs[member], s, stop)
+		w.mu.Lock()
+		next = s.high() + 1
+		if s.compacted > 0 {
+			next = s.compacted
+		}
+		w.mu.Unlock()
+		if stopped {
+			return
+		}
+		member = (member + 1) % len(addrs)
+		select {
+		case <-stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// session runs one stream until it ends (false) or stop closes (true).
+func (w *watcher) session(addr string, s *session, stop <-chan struct{}) bool {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		s.end = err.Error()
+		return false
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := pb.NewWatchClient(cc).Watch(ctx)
+	if err == nil {
+		err = stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+			Key: []byte(Prefix), RangeEnd: prefixEnd(Prefix), StartRevision: s.start, PrevKv: true}}})
+	}
+	if err != nil {
+		s.end = err.Error()
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				w.mu.Lock()
+				s.end = err.Error()
+				w.mu.Unlock()
+				return
+			}
+			w.mu.Lock()
+			switch {
+			case resp.Canceled:
+				s.compacted = resp.CompactRevision
+				s.end = "canceled: " + resp.CancelReason
+			case resp.Created:
+			case len(resp.Events) > 0:
+				var it item
+				for _, e := range resp.Events {
+					it.events = append(it.events, toEvent(e))
+				}
+				s.items = append(s.items, it)
+				w.events += len(it.events)
+			default:
+				s.items = append(s.items, item{progress: resp.Header.Revision})
+			}
+			canceled := resp.Canceled
+			w.mu.Unlock()
+			if canceled {
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ended:
+			return false
+		case <-stop:
+			return true
+		case <-tick.C:
+			stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}})
+		}
+	}
+}
+
+func toEvent(e *mvccpb.Event) wevent {
+	ev := wevent{rev: e.Kv.ModRevision, key: keyIndex(string(e.Kv.Key)), put: e.Type == mvccpb.PUT}
+	if ev.put {
+		ev.kv = fromPB(e.Kv)
+	}
+	if e.PrevKv != nil {
+		ev.prev = fromPB(e.PrevKv)
+	}
+	return ev
+}
+
+// watchCheck is what the watch validation found.
+type watchCheck struct {
+	violations []string
+	// The store replayed from every event seen, if the events cover every revision.
+	final    state
+	complete bool
+	events   int
+	// union is every revision's events, as the watchers saw them.
+	union map[int64][]wevent
+}
+
+func (c *watchCheck) fail(format string, args ...any) {
+	if len(c.violations) < 50 {
+		c.violations = append(c.violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// checkWatches validates every watcher's sessions against each other, against the KV
+// history, and against a replay of the store: events in revision order, none duplicated, none
+// missed between a session's start and what it has seen, none invented, each matching the
+// store (value, prev_kv, create and mod revision, version, lease), progress notifications never
+// ahead of events, a lease's keys gone in one revision when it is revoked.
+func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation) *watchCheck {
+	c := &watchCheck{}
+	union := map[int64][]wevent{}
+	from := map[int64]string{}
+	for _, w := range ws {
+		for si, s := range w.sessions {
+			name := fmt.Sprintf("watcher %d session %d (m%d, from %d)", w.id, si, s.member, s.start)
+			last := int64(0)
+			seen := map[int64][]wevent{}
+			for _, it := range s.items {
+				if it.progress > 0 {
+					if it.progress < last {
+						c.fail("%s: progress %d after an event at %d", name, it.progress, last)
+					}
+					last = max(last, it.progress)
+					continue
+				}
+				for _, e := range it.events {
+					c.events++
+					if e.rev < s.start {
+						c.fail("%s: event %s before the start", name, e)
+					}
+					if e.rev < last || (e.rev == last && len(seen[e.rev]) == 0) {
+						c.fail("%s: event %s out of order (after %d)", name, e, last)
+					}
+					for _, o := range seen[e.rev] {
+						if o.key == e.key {
+							c.fail("%s: event %s twice", name, e)
+						}
+					}
+					seen[e.rev] = append(seen[e.rev], e)
+					last = e.rev
+				}
+			}
+			if s.compacted > 0 && s.compacted <= s.start {
+				c.fail("%s: compacted at %d, not after its start", name, s.compacted)
+			}
+			high := s.high()
+			if si == len(w.sessions)-1 && high < finalRev {
+				c.fail("%s: ended at %d, before the last revision %d", name, high, finalRev)
+			}
+			for r := max(s.start, 2); r <= high; r++ {
+				if len(seen[r]) == 0 {
+					c.fail("%s: missed revision %d (it has seen up to %d)", name, r, high)
+					break
+				}
+			}
+			for r, evs := range seen {
+				if prior, ok := union[r]; ok {
+					if !sameEvents(prior, evs) {
+						c.fail("%s: revision %d is %v, %s saw %v", name, r, evs, from[r], prior)
+					}
+					continue
+				}
+				union[r] = evs
+				from[r] = name
+			}
+		}
+	}
+	// Every write the history knows is at its revision; every put seen was made by a client.
+	values := map[string]bool{}
+	for _, op := range history {
+		in, out := op.Input.(input), op.Output.(output)
+		if in.kind == opPut || in.kind == opTxn {
+			values[in.value] = true
+		}
+		if out.unknown || out.rev > finalRev {
+			continue
+		}
+		evs, ok := union[out.rev]
+		if !ok && (in.kind == opPut || (in.kind == opTxn && out.succeeded) || (in.kind == opDelete && out.deleted > 0)) {
+			c.fail("acknowledged %s of k%d at %d: no watcher saw revision %d", kindNames[in.kind], in.key, out.rev, out.rev)
+			continue
+		}
+		switch {
+		case in.kind == opPut || (in.kind == opTxn && out.succeeded):
+			if len(evs) != 1 || !evs[0].put || evs[0].key != in.key || evs[0].kv.value != in.value {
+				c.fail("acknowledged %s k%d=%s at %d, watchers saw %v", kindNames[in.kind], in.key, in.value, out.rev, evs)
+			}
+		case in.kind == opDelete && out.deleted > 0:
+			if len(evs) != 1 || evs[0].put || evs[0].key != in.key {
+				c.fail("acknowledged delete of k%d at %d, watchers saw %v", in.key, out.rev, evs)
+			}
+		}
+	}
+	// Replay.
+	revs := make([]int64, 0, len(union))
+	for r := range union {
+		revs = append(revs, r)
+	}
+	sort.Slice(revs, func(i, j int) bool { return revs[i] < revs[j] })
+	s := state{rev: 1}
+	c.complete = true
+	for _, r := range revs {
+		if r != s.rev+1 {
+			c.complete = false
+			break
+		}
+		evs := union[r]
+		before := s
+		gone := map[int64]bool{}
+		for _, e := range evs {
+			if e.key < 0 {
+				c.fail("event %s outside the keys written", e)
+				continue
+			}
+			if e.prev != before.kvs[e.key] {
+				c.fail("event %s: prev_kv is not %s", e, before.kvs[e.key])
+			}
+			if e.put {
+				want := before.put(e.key, e.kv.value, e.kv.lease).kvs[e.key]
+				if e.kv != want {
+					c.fail("event %s: the key should be %s", e, want)
+				}
+				if !values[e.kv.value] {
+					c.fail("event %s: no client put that value", e)
+				}
+				s.kvs[e.key] = e.kv
+			} else {
+				if before.kvs[e.key].mod == 0 {
+					c.fail("event %s: deletes a key that is absent", e)
+				}
+				if l := before.kvs[e.key].lease; l != 0 && len(evs) > 1 {
+					gone[l] = true
+				}
+				s.kvs[e.key] = kv{}
+			}
+		}
+		for k, v := range s.kvs {
+			if v.mod != 0 && gone[v.lease] {
+				c.fail("revision %d deleted keys of lease %x but left k%d", r, v.lease, k)
+			}
+		}
+		s.rev = r
+	}
+	if c.complete && s.rev != finalRev {
+		c.complete = false
+	}
+	c.final = s
+	c.union = union
+	return c
+}
+
+// patch resolves writes of unknown outcome from the watchers' events, as etcd's robustness
+// suite does, so that porcupine need not try every place such a write could go. It runs only
+// when the events cover every revision. A put (or a transaction's put) whose value was seen is
+// a put at that revision; one never seen never took effect (or, for a transaction, took its
+// else branch, which changes nothing) and leaves the history. A delete of a key, or a
+// revocation of a lease, when no deletion of that key (of a key on that lease) is left that a
+// write with a known answer does not explain, changed nothing: it leaves the history too (an
+// operation that changes nothing and whose answer is unknown fits anywhere). Other deletes and
+// revocations stay unknown.
+func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
+	if !c.complete {
+		return history
+	}
+	byValue := map[string]wevent{}
+	for _, evs := range c.union {
+		for _, e := range evs {
+			if e.put {
+				byValue[e.kv.value] = e
+			}
+		}
+	}
+	// The revisions known writes made (a delete of nothing, a transaction's else branch and a
+	// revocation may answer a revision another write made: they explain none).
+	known := map[int64]bool{}
+	for _, op := range history {
+		in, o := op.Input.(input), op.Output.(output)
+		if !o.unknown && (in.kind == opPut || (in.kind == opTxn && o.succeeded) || (in.kind == opDelete && o.deleted > 0)) {
+			known[o.rev] = true
+		}
+	}
+	// Deletions no known write explains, by key and by the lease of the key deleted.
+	loseKey, loseLease := map[int]bool{}, map[int64]bool{}
+	for r, evs := range c.union {
+		if known[r] {
+			continue
+		}
+		for _, e := range evs {
+			if !e.put {
+				loseKey[e.key] = true
+				loseLease[e.prev.lease] = true
+			}
+		}
+	}
+	var out []porcupine.Operation
+	for _, op := range history {
+		in, o := op.Input.(input), op.Output.(output)
+		if o.unknown {
+			switch in.kind {
+			case opPut, opTxn:
+				e, ok := byValue[in.value]
+				if !ok {
+					continue
+				}
+				op.Output = output{rev: e.rev, kv: e.prev, succeeded: true}
+			case opDelete:
+				if !loseKey[in.key] {
+					continue
+				}
+			case opRevoke:
+				if !loseLease[in.lease] {
+					continue
+				}
+			}
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+func sameEvents(a, b []wevent) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
