@@ -27,6 +27,11 @@ const OUT_BUFFER: usize = 128;
 pub const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
 /// How soon a progress request not yet answerable (a watcher still catching up) is retried.
 const PROGRESS_RETRY: Duration = Duration::from_millis(100);
+/// The metadata key of clientv3's `WithRequireLeader` (its value "true").
+const REQUIRE_LEADER: &str = "hasleader";
+/// Checks without a leader, an election timeout apart, before a stream that requires a leader
+/// ends (etcd's `maxNoLeaderCnt`).
+const NO_LEADER_CHECKS: u32 = 3;
 
 /// The Watch service.
 #[derive(Debug, Clone)]
@@ -213,7 +218,20 @@ impl Watch for WatchService {
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let creds = Creds::of(&req);
-        Ok(Response::new(self.open(req.into_inner(), creds)))
+        // clientv3's WithRequireLeader (Kubernetes watches with it): refused without a
+        // leader, and ended when the member loses its leader for long.
+        let require_leader = req
+            .metadata()
+            .get(REQUIRE_LEADER)
+            .is_some_and(|v| v == "true");
+        if require_leader {
+            self.core.leader()?;
+        }
+        Ok(Response::new(self.open(
+            req.into_inner(),
+            creds,
+            require_leader,
+        )))
     }
 }
 
@@ -221,7 +239,11 @@ impl WatchService {
     /// Serves one watch stream whose requests come from `input` (a gRPC stream, or the JSON
     /// gateway's). As etcd, the stream goes on after the client closes its side, until the
     /// client drops the responses.
-    pub(crate) fn open<S>(&self, mut input: S, creds: Creds) -> WatchOut
+    ///
+    /// With `require_leader`, as etcd's stream interceptor: once the member has had no leader
+    /// at [`NO_LEADER_CHECKS`] checks an election timeout apart, the stream ends with etcd's
+    /// "no leader", so that the client watches again through another member.
+    pub(crate) fn open<S>(&self, mut input: S, creds: Creds, require_leader: bool) -> WatchOut
     where
         S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
     {
@@ -236,9 +258,13 @@ impl WatchService {
             opts: Mutex::new(Opts::default()),
         });
         let interval = self.core.cfg.watch_progress_notify_interval;
+        let election = self.core.cfg.election_timeout;
         tokio::spawn(async move {
             let mut periodic = tokio::time::interval(interval);
             periodic.tick().await;
+            let mut leader_check = tokio::time::interval(election);
+            leader_check.tick().await;
+            let mut leaderless = 0;
             let mut retry = tokio::time::interval(PROGRESS_RETRY);
             let mut sending = true;
             loop {
@@ -266,6 +292,18 @@ impl WatchService {
                             return;
                         }
                     },
+                    _ = leader_check.tick(), if require_leader => {
+                        match st.core.leader() {
+                            Ok(_) => leaderless = 0,
+                            Err(no_leader) => {
+                                leaderless += 1;
+                                if leaderless >= NO_LEADER_CHECKS {
+                                    let _ = tx.send(Err(no_leader)).await;
+                                    return;
+                                }
+                            }
+                        }
+                    }
                     _ = periodic.tick() => st.progress_tick(true),
                     _ = retry.tick() => st.progress_tick(false),
                     _ = generation.changed() => {

@@ -10,6 +10,12 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"kvd.test/clients/go/internal/harness"
 )
@@ -214,5 +220,64 @@ func TestIsolationPartitionsAMember(t *testing.T) {
 	c.Heal()
 	if err := f.healthy(30 * time.Second); err != nil {
 		t.Fatalf("after healing: %v", err)
+	}
+}
+
+// A watch that requires a leader (clientv3's WithRequireLeader, as Kubernetes watches) ends
+// with etcd's "no leader" when its member is cut off from the cluster, and a new one is
+// refused there, so that the client goes to another member instead of waiting on a member that
+// sees no writes. Run against etcd too (KVD_ROBUSTNESS_BIN=…/etcd): both end the stream.
+func TestWatchRequiringALeaderEndsOnAnIsolatedMember(t *testing.T) {
+	c := harness.StartCluster(t, t.TempDir(), harness.Options{Bin: bin(t), Members: 3, ForwardPeers: true})
+	f := &faulter{c: c, rng: rand.New(rand.NewSource(1))}
+	if err := f.healthy(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	l := c.Leader()
+	m := (l + 1) % 3
+	cc, err := grpc.NewClient(c.Members[m].Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	watch := func() (pb.Watch_WatchClient, error) {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "hasleader", "true")
+		s, err := pb.NewWatchClient(cc).Watch(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("k")}}}); err != nil {
+			return nil, err
+		}
+		_, err = s.Recv() // created, or the refusal
+		return s, err
+	}
+	s, err := watch()
+	if err != nil {
+		t.Fatalf("watch with a leader: %v", err)
+	}
+	c.Isolate(m)
+	defer c.Heal()
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := s.Recv(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ended:
+		if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "etcdserver: no leader" {
+			t.Fatalf("the stream ended with %v, not etcd's no leader", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the watch on isolated m%d did not end within 30 s", m)
+	}
+	if _, err := watch(); err == nil {
+		t.Fatalf("a watch requiring a leader was opened on isolated m%d", m)
+	} else if st, _ := status.FromError(err); st.Message() != "etcdserver: no leader" {
+		t.Fatalf("a new watch on isolated m%d failed with %v, not etcd's no leader", m, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 // wevent is one watch event.
@@ -60,6 +61,7 @@ func (s *session) high() int64 {
 
 // watcher watches Prefix from revision 1 with prev_kv, for the whole run: when a stream
 // breaks it watches again from the revision after the last it saw, through the next member.
+// Its streams require a leader, as Kubernetes' do.
 type watcher struct {
 	id       int
 	mu       sync.Mutex
@@ -118,6 +120,9 @@ func (w *watcher) session(addr string, s *session, stop <-chan struct{}) bool {
 	defer cc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// As Kubernetes watches (clientv3's WithRequireLeader): a member that loses its leader
+	// ends the stream, and the watcher moves on.
+	ctx = metadata.AppendToOutgoingContext(ctx, "hasleader", "true")
 	stream, err := pb.NewWatchClient(cc).Watch(ctx)
 	if err == nil {
 		err = stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
