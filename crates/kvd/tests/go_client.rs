@@ -172,8 +172,9 @@ fn leasing_proxies_stay_linearizable_under_faults() {
 /// The robustness suite's short profile (`tests/clients/go/robustness`): three kvd members
 /// behind forwarders, randomized traffic with every fault kind injected one at a time for 90
 /// s, the KV history checked by porcupine, every watcher's events and the members' final
-/// state checked; then each validator fed that run's records with a stale read, a dropped and
-/// a duplicated watch event and a lost write, and seen to fail. Also: a watch requiring a
+/// state checked, and every list at a past revision; then each validator fed that run's
+/// records with a stale read, a dropped and a duplicated watch event, a lost write and a wrong
+/// list, and seen to fail. Also: a watch requiring a
 /// leader ends on a member cut off from the cluster, as etcd's does (kvd's went on waiting
 /// there). The long profile is `tests/tools/robustness.sh`.
 #[test]

@@ -8,6 +8,7 @@ package robustness
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/anishathalye/porcupine"
@@ -62,9 +63,11 @@ const (
 	// opTxn: if the key's mod revision is cmpMod then put, else get it.
 	opTxn
 	opRevoke
+	// opListAt: a paginated list at revision cmpMod (not in the model: see pagedList).
+	opListAt
 )
 
-var kindNames = [...]string{"get", "list", "put", "delete", "txn", "revoke"}
+var kindNames = [...]string{"get", "list", "put", "delete", "txn", "revoke", "list-at"}
 
 type input struct {
 	kind  opKind
@@ -76,7 +79,7 @@ type input struct {
 	cmpMod int64
 }
 
-func (i input) write() bool { return i.kind >= opPut }
+func (i input) write() bool { return i.kind >= opPut && i.kind <= opRevoke }
 
 type output struct {
 	// unknown: a write whose outcome is not known (it failed in flight): it may have taken
@@ -119,6 +122,22 @@ func (s state) put(i int, value string, lease int64) state {
 	return s
 }
 
+// listing is what a list of Prefix answers in state s with `limit` (0: none): the keys and
+// their kvs in order, and how many there are in all.
+func (s state) listing(limit int64) (keys []int, kvs []kv, count int64) {
+	for k, v := range s.kvs {
+		if v.mod == 0 {
+			continue
+		}
+		count++
+		if limit == 0 || int64(len(keys)) < limit {
+			keys = append(keys, k)
+			kvs = append(kvs, v)
+		}
+	}
+	return keys, kvs, count
+}
+
 // step is the model: whether the operation could have answered `o` in state s, and the state
 // after it.
 func step(s state, i input, o output) (bool, state) {
@@ -129,25 +148,9 @@ func step(s state, i input, o output) (bool, state) {
 	case opGet:
 		return o.rev == s.rev && o.kv == s.kvs[i.key], s
 	case opList:
-		if o.rev != s.rev {
-			return false, s
-		}
-		var n int64
-		j := 0
-		for k, v := range s.kvs {
-			if v.mod == 0 {
-				continue
-			}
-			n++
-			if i.limit > 0 && int64(j) >= i.limit {
-				continue
-			}
-			if j >= len(o.kvs) || o.keys[j] != k || o.kvs[j] != v {
-				return false, s
-			}
-			j++
-		}
-		return j == len(o.kvs) && n == o.count && o.more == (i.limit > 0 && n > i.limit), s
+		keys, kvs, n := s.listing(i.limit)
+		return o.rev == s.rev && slices.Equal(keys, o.keys) && slices.Equal(kvs, o.kvs) &&
+			n == o.count && o.more == (i.limit > 0 && n > i.limit), s
 	case opPut:
 		return o.rev == s.rev+1 && o.kv == s.kvs[i.key], s.put(i.key, i.value, i.lease)
 	case opDelete:

@@ -103,13 +103,31 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 			t.Errorf("%s: nothing in the run to change", name)
 			return
 		}
-		c := checkWatches(ws, rep.FinalRev, hist)
+		c := checkWatches(ws, rep.FinalRev, hist, rep.lists, rep.compactions)
 		found := false
 		for _, v := range c.violations {
 			found = found || strings.Contains(v, want)
 		}
 		if !found {
 			t.Errorf("%s: the watch check did not say %q: %v", name, want, c.violations)
+		}
+	}
+	// A list at a past revision answered with a value from another revision.
+	if i := wrongList(rep.lists); i < 0 {
+		t.Errorf("no list at a past revision with a key in the run")
+	} else {
+		lists := append([]pagedList(nil), rep.lists...)
+		l := lists[i]
+		l.kvs = append([]kv(nil), l.kvs...)
+		l.kvs[0].value += "-changed"
+		lists[i] = l
+		c := checkWatches(copyWatchers(rep.watchers), rep.FinalRev, hist, lists, rep.compactions)
+		found := false
+		for _, v := range c.violations {
+			found = found || strings.Contains(v, "the store then was")
+		}
+		if !found {
+			t.Errorf("a changed list at a past revision passed: %v", c.violations)
 		}
 	}
 	mutate("drop", "missed revision", func(ws []*watcher) bool {
@@ -280,4 +298,14 @@ func TestWatchRequiringALeaderEndsOnAnIsolatedMember(t *testing.T) {
 	} else if st, _ := status.FromError(err); st.Message() != "etcdserver: no leader" {
 		t.Fatalf("a new watch on isolated m%d failed with %v, not etcd's no leader", m, err)
 	}
+}
+
+// wrongList is the index of a list with a key in it (-1 if none).
+func wrongList(ls []pagedList) int {
+	for i, l := range ls {
+		if l.err == "" && len(l.kvs) > 0 {
+			return i
+		}
+	}
+	return -1
 }

@@ -44,15 +44,19 @@ type Report struct {
 	FinalRev                    int64
 	Linearizable                porcupine.CheckResult
 	// Unresolved: writes of unknown outcome left so after the watchers' events were read.
-	Unresolved     int
-	Violations     []string
-	history        []porcupine.Operation
-	watchers       []*watcher
-	Elapsed        time.Duration
-	checkTime      time.Duration
-	members        int
-	bin            string
-	replayComplete bool
+	Unresolved  int
+	Violations  []string
+	history     []porcupine.Operation
+	lists       []pagedList
+	compactions []compaction
+	// Lists at a past revision checked, and of them answered "compacted".
+	Lists, ListsCompacted int
+	watchers              []*watcher
+	Elapsed               time.Duration
+	checkTime             time.Duration
+	members               int
+	bin                   string
+	replayComplete        bool
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -65,6 +69,7 @@ func (r *Report) Summary() string {
 	fmt.Fprintf(&b, "%s, %d members, seed %d, %s: %d operations answered (%s), %d of unknown outcome, %d failed with no effect; final revision %d\n",
 		filepath.Base(r.bin), r.members, r.Seed, r.Elapsed.Round(time.Second), r.Operations, r.Kinds, r.Unknown, r.Failed, r.FinalRev)
 	fmt.Fprintf(&b, "faults (%d): %s\n", len(r.Faults), strings.Join(r.Faults, ", "))
+	fmt.Fprintf(&b, "lists at a past revision checked: %d (%d of them compacted away)\n", r.Lists, r.ListsCompacted)
 	fmt.Fprintf(&b, "watch: %d events in %d sessions checked; linearizability: %s (%s, %d writes of unknown outcome left); violations: %d\n",
 		r.Events, r.Sessions, r.Linearizable, r.checkTime.Round(time.Millisecond), r.Unresolved, len(r.Violations))
 	for _, v := range r.Violations {
@@ -143,9 +148,11 @@ var Faults = map[string]func(f *faulter) string{
 		rev := g.Header.Revision - 2000
 		out := "defragment"
 		if rev > 1 {
+			call := f.rec.now()
 			if _, err := cl.Compact(ctx, rev); err != nil && !strings.Contains(err.Error(), "compacted") {
 				return fmt.Sprintf("compact %d: %v", rev, err)
 			}
+			f.rec.compacted(rev, call)
 			out = fmt.Sprintf("compact %d, defragment", rev)
 		}
 		if _, err := cl.Defragment(ctx, f.c.Members[i].Client); err != nil {
@@ -162,6 +169,7 @@ var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": t
 type faulter struct {
 	c   *harness.Cluster
 	rng *rand.Rand
+	rec *recorder
 }
 
 // target is the leader half the time, another member otherwise.
@@ -232,6 +240,7 @@ func Run(tb harness.TB, cfg Config) *Report {
 		addrs = append(addrs, m.Addr())
 	}
 	r := newRecorder()
+	f.rec = r
 	stopTraffic, stopWatch := make(chan struct{}), make(chan struct{})
 	var ws []*watcher
 	var wwg sync.WaitGroup
@@ -296,6 +305,9 @@ func Run(tb harness.TB, cfg Config) *Report {
 	tb.Logf("%s: watchers stopped at revision %d; checking", time.Since(began).Round(time.Millisecond), rep.FinalRev)
 
 	rep.history = r.history()
+	r.mu.Lock()
+	rep.lists, rep.compactions = r.lists, r.compactions
+	r.mu.Unlock()
 	rep.watchers = ws
 	rep.Operations, rep.Unknown, rep.Failed, rep.Kinds = r.ok, r.unknown, r.failed, r.kindCounts()
 	rep.Elapsed = time.Since(began)
@@ -334,8 +346,9 @@ func finalRevision(c *harness.Cluster) int64 {
 
 // validate checks the recorded histories and the members' final state.
 func (rep *Report) validate(cfg Config, c *harness.Cluster) {
-	wc := checkWatches(rep.watchers, rep.FinalRev, rep.history)
+	wc := checkWatches(rep.watchers, rep.FinalRev, rep.history, rep.lists, rep.compactions)
 	rep.Events = wc.events
+	rep.Lists, rep.ListsCompacted = wc.lists, wc.listsCompacted
 	for _, w := range rep.watchers {
 		rep.Sessions += len(w.sessions)
 	}

@@ -23,6 +23,10 @@ type recorder struct {
 	start time.Time
 	mu    sync.Mutex
 	ops   []porcupine.Operation
+	// Lists at a past revision (checked against the store the watch events replay to, not by
+	// porcupine: what they answer does not depend on when they run), and compactions.
+	lists       []pagedList
+	compactions []compaction
 	// Counts, for the report.
 	ok, failed, unknown int
 	byKind              [len(kindNames)]int
@@ -106,18 +110,31 @@ type client struct {
 	leases []int64
 	seen   [nKeys]int64
 	n      int
+	// The highest revision the client has been answered.
+	lastRev int64
 }
 
 // Mix is the share of each kind of operation in the traffic.
 type Mix struct {
 	Get, List, Put, Delete, Txn, LeasePut, Revoke float64
+	// ListAt: a list at a past revision, in pages (as Kubernetes lists).
+	ListAt float64
 }
 
 // EtcdMix is the etcd profile: reads and writes of every kind, with leases.
-var EtcdMix = Mix{Get: 0.3, List: 0.1, Put: 0.2, Delete: 0.08, Txn: 0.2, LeasePut: 0.08, Revoke: 0.04}
+var EtcdMix = Mix{Get: 0.3, List: 0.1, Put: 0.2, Delete: 0.08, Txn: 0.2, LeasePut: 0.08, Revoke: 0.04, ListAt: 0.05}
 
 func (cl *client) next(m Mix) input {
-	x := cl.rng.Float64() * (m.Get + m.List + m.Put + m.Delete + m.Txn + m.LeasePut + m.Revoke)
+	x := cl.rng.Float64() * (m.Get + m.List + m.Put + m.Delete + m.Txn + m.LeasePut + m.Revoke + m.ListAt)
+	if x >= m.Get+m.List+m.Put+m.Delete+m.Txn+m.LeasePut+m.Revoke {
+		// A revision the client has seen, or one a little before it; one time in ten any
+		// revision since the start (compacted away, once compactions have run).
+		back := cl.rng.Int63n(50)
+		if cl.rng.Intn(10) == 0 {
+			back = cl.rng.Int63n(max(cl.lastRev, 1))
+		}
+		return input{kind: opListAt, cmpMod: max(cl.lastRev-back, 1), limit: 1 + int64(cl.rng.Intn(3))}
+	}
 	k := cl.rng.Intn(nKeys)
 	cl.n++
 	value := fmt.Sprintf("c%d-%d", cl.id, cl.n)
@@ -159,6 +176,10 @@ func (cl *client) do(r *recorder, in input) {
 			cl.leases = append(cl.leases, g.ID)
 		}
 		in.lease = cl.leases[cl.rng.Intn(len(cl.leases))]
+	}
+	if in.kind == opListAt {
+		cl.listAt(r, in.cmpMod, in.limit)
+		return
 	}
 	timeout := 2 * time.Second
 	if in.write() {
@@ -236,6 +257,7 @@ func (cl *client) do(r *recorder, in input) {
 	}
 	ret := r.now()
 	cl.c.result(err)
+	cl.lastRev = max(cl.lastRev, out.rev)
 	if err != nil {
 		if !in.write() || noEffect(err) {
 			if isLeaseGone(err) {
@@ -344,4 +366,62 @@ func (r *recorder) kindCounts() string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
+}
+
+// pagedList is a list of Prefix at revision rev, in pages of `limit`.
+type pagedList struct {
+	client int
+	rev    int64
+	limit  int64
+	kvs    []kv
+	keys   []int
+	// count and more of the first page.
+	count int64
+	err   string
+	ret   int64
+}
+
+// compaction is a compaction at rev, called at `call`.
+type compaction struct{ rev, call int64 }
+
+func (r *recorder) compacted(rev, call int64) {
+	r.mu.Lock()
+	r.compactions = append(r.compactions, compaction{rev: rev, call: call})
+	r.mu.Unlock()
+}
+
+// listAt lists Prefix at revision rev in pages, as Kubernetes' paginated lists do: every page
+// at the same revision, each from the key after the last.
+func (cl *client) listAt(r *recorder, rev, limit int64) {
+	l := pagedList{client: cl.id, rev: rev, limit: limit}
+	key := []byte(Prefix)
+	for page := 0; ; page++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := cl.c.kv[cl.c.home].Range(ctx, &pb.RangeRequest{Key: key, RangeEnd: prefixEnd(Prefix), Revision: rev, Limit: limit})
+		cancel()
+		cl.c.result(err)
+		if err != nil {
+			if s, _ := status.FromError(err); !strings.Contains(s.Message(), "revision") {
+				return // not answered: no effect, nothing to check
+			}
+			l.err = status.Convert(err).Message()
+			break
+		}
+		if page == 0 {
+			l.count = resp.Count
+		}
+		for _, x := range resp.Kvs {
+			l.kvs = append(l.kvs, fromPB(x))
+			l.keys = append(l.keys, keyIndex(string(x.Key)))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = append(append([]byte(nil), resp.Kvs[len(resp.Kvs)-1].Key...), 0)
+	}
+	r.mu.Lock()
+	l.ret = r.now()
+	r.lists = append(r.lists, l)
+	r.byKind[opListAt]++
+	r.mu.Unlock()
 }

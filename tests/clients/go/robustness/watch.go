@@ -3,7 +3,9 @@ package robustness
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -205,6 +207,9 @@ type watchCheck struct {
 	events   int
 	// union is every revision's events, as the watchers saw them.
 	union map[int64][]wevent
+	// lists: the lists at a past revision checked; listsCompacted: of them, answered
+	// "compacted", rightly.
+	lists, listsCompacted int
 }
 
 func (c *watchCheck) fail(format string, args ...any) {
@@ -218,7 +223,11 @@ func (c *watchCheck) fail(format string, args ...any) {
 // missed between a session's start and what it has seen, none invented, each matching the
 // store (value, prev_kv, create and mod revision, version, lease), progress notifications never
 // ahead of events, a lease's keys gone in one revision when it is revoked.
-func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation) *watchCheck {
+//
+// And each list at a past revision against the store replayed to that revision: the keys of
+// every page, their values and revisions, the first page's count; "compacted" only after a
+// compaction past it was asked for; never "future revision" (the client had seen it).
+func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, lists []pagedList, compactions []compaction) *watchCheck {
 	c := &watchCheck{}
 	union := map[int64][]wevent{}
 	from := map[int64]string{}
@@ -267,7 +276,7 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation) 
 			}
 			for r, evs := range seen {
 				if prior, ok := union[r]; ok {
-					if !sameEvents(prior, evs) {
+					if !slices.Equal(prior, evs) {
 						c.fail("%s: revision %d is %v, %s saw %v", name, r, evs, from[r], prior)
 					}
 					continue
@@ -311,6 +320,13 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation) 
 	sort.Slice(revs, func(i, j int) bool { return revs[i] < revs[j] })
 	s := state{rev: 1}
 	c.complete = true
+	listsAt := map[int64][]pagedList{}
+	for _, l := range lists {
+		listsAt[l.rev] = append(listsAt[l.rev], l)
+	}
+	for _, l := range listsAt[1] {
+		c.checkList(l, s, compactions)
+	}
 	for _, r := range revs {
 		if r != s.rev+1 {
 			c.complete = false
@@ -352,6 +368,9 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation) 
 			}
 		}
 		s.rev = r
+		for _, l := range listsAt[r] {
+			c.checkList(l, s, compactions)
+		}
 	}
 	if c.complete && s.rev != finalRev {
 		c.complete = false
@@ -430,14 +449,26 @@ func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
 	return out
 }
 
-func sameEvents(a, b []wevent) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+// checkList checks a list at a past revision against the store at that revision.
+func (c *watchCheck) checkList(l pagedList, s state, compactions []compaction) {
+	c.lists++
+	name := fmt.Sprintf("client %d's list at %d (pages of %d)", l.client, l.rev, l.limit)
+	if l.err != "" {
+		if strings.Contains(l.err, "compacted") {
+			for _, cp := range compactions {
+				if cp.call <= l.ret && l.rev < cp.rev {
+					c.listsCompacted++
+					return
+				}
+			}
+			c.fail("%s: %q, with no compaction past it asked for", name, l.err)
+			return
 		}
+		c.fail("%s: %q", name, l.err)
+		return
 	}
-	return true
+	keys, kvs, n := s.listing(0)
+	if !slices.Equal(keys, l.keys) || !slices.Equal(kvs, l.kvs) || n != l.count {
+		c.fail("%s: %v %v, count %d; the store then was %s", name, l.keys, l.kvs, l.count, s)
+	}
 }
