@@ -382,13 +382,18 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 
 // patch resolves writes of unknown outcome from the watchers' events, as etcd's robustness
 // suite does, so that porcupine need not try every place such a write could go. It runs only
-// when the events cover every revision. A put (or a transaction's put) whose value was seen is
-// a put at that revision; one never seen never took effect (or, for a transaction, took its
-// else branch, which changes nothing) and leaves the history. A delete of a key, or a
-// revocation of a lease, when no deletion of that key (of a key on that lease) is left that a
-// write with a known answer does not explain, changed nothing: it leaves the history too (an
-// operation that changes nothing and whose answer is unknown fits anywhere). Other deletes and
-// revocations stay unknown.
+// when the events cover every revision.
+//
+// A put (or a transaction's put) whose value was seen is a put at that revision; one never
+// seen never took effect (or, for a transaction, took its else branch, which changes nothing)
+// and leaves the history. A delete, or a revocation, can only have made a deletion that no
+// write with a known answer explains, of its key (of keys on its lease), at a revision after
+// every known answer returned before its call and before any known answer at or past that
+// revision returned: with no such deletion it changed nothing and leaves the history (an
+// operation that changes nothing and whose answer is unknown fits anywhere); with one, that
+// no other unknown write could have made, it is a delete (revocation) at that revision.
+// Dropping or pinning one wrongly can only make porcupine fail, never pass a bad history:
+// every revision must still be explained by some operation.
 func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
 	if !c.complete {
 		return history
@@ -402,29 +407,91 @@ func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
 		}
 	}
 	// The revisions known writes made (a delete of nothing, a transaction's else branch and a
-	// revocation may answer a revision another write made: they explain none).
-	known := map[int64]bool{}
+	// revocation may answer a revision another write made: they explain none), and every
+	// known answer's return and revision.
+	made := map[int64]bool{}
+	type answer struct{ ret, rev int64 }
+	var answers []answer
 	for _, op := range history {
 		in, o := op.Input.(input), op.Output.(output)
-		if !o.unknown && (in.kind == opPut || (in.kind == opTxn && o.succeeded) || (in.kind == opDelete && o.deleted > 0)) {
-			known[o.rev] = true
+		if o.unknown {
+			continue
+		}
+		answers = append(answers, answer{op.Return, o.rev})
+		if in.kind == opPut || (in.kind == opTxn && o.succeeded) || (in.kind == opDelete && o.deleted > 0) {
+			made[o.rev] = true
 		}
 	}
-	// Deletions no known write explains, by key and by the lease of the key deleted.
-	loseKey, loseLease := map[int]bool{}, map[int64]bool{}
+	// after(t): the highest revision answered before t.
+	byRet := slices.Clone(answers)
+	sort.Slice(byRet, func(i, j int) bool { return byRet[i].ret < byRet[j].ret })
+	for i := 1; i < len(byRet); i++ {
+		byRet[i].rev = max(byRet[i].rev, byRet[i-1].rev)
+	}
+	after := func(t int64) int64 {
+		i := sort.Search(len(byRet), func(i int) bool { return byRet[i].ret >= t })
+		if i == 0 {
+			return 1
+		}
+		return byRet[i-1].rev
+	}
+	// seen(r): the first return of an answer at revision r or later.
+	byRev := slices.Clone(answers)
+	sort.Slice(byRev, func(i, j int) bool { return byRev[i].rev < byRev[j].rev })
+	for i := len(byRev) - 2; i >= 0; i-- {
+		byRev[i].ret = min(byRev[i].ret, byRev[i+1].ret)
+	}
+	seen := func(r int64) int64 {
+		i := sort.Search(len(byRev), func(i int) bool { return byRev[i].rev >= r })
+		if i == len(byRev) {
+			return never
+		}
+		return byRev[i].ret
+	}
+	// The deletions no known write explains.
+	var lost []int64
 	for r, evs := range c.union {
-		if known[r] {
+		if made[r] {
 			continue
 		}
 		for _, e := range evs {
 			if !e.put {
-				loseKey[e.key] = true
-				loseLease[e.prev.lease] = true
+				lost = append(lost, r)
+				break
+			}
+		}
+	}
+	sort.Slice(lost, func(i, j int) bool { return lost[i] < lost[j] })
+	could := func(in input, r int64) bool {
+		evs := c.union[r]
+		if in.kind == opDelete {
+			return len(evs) == 1 && evs[0].key == in.key
+		}
+		for _, e := range evs {
+			if e.put || e.prev.lease != in.lease {
+				return false
+			}
+		}
+		return true
+	}
+	// Each unknown delete's and revocation's candidate revisions, and how many may claim each.
+	cands := map[int][]int64{}
+	claims := map[int64]int{}
+	for i, op := range history {
+		in, o := op.Input.(input), op.Output.(output)
+		if !o.unknown || (in.kind != opDelete && in.kind != opRevoke) {
+			continue
+		}
+		lo := after(op.Call)
+		for _, r := range lost {
+			if r > lo && seen(r) > op.Call && could(in, r) {
+				cands[i] = append(cands[i], r)
+				claims[r]++
 			}
 		}
 	}
 	var out []porcupine.Operation
-	for _, op := range history {
+	for i, op := range history {
 		in, o := op.Input.(input), op.Output.(output)
 		if o.unknown {
 			switch in.kind {
@@ -434,13 +501,13 @@ func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
 					continue
 				}
 				op.Output = output{rev: e.rev, kv: e.prev, succeeded: true}
-			case opDelete:
-				if !loseKey[in.key] {
+			case opDelete, opRevoke:
+				rs := cands[i]
+				if len(rs) == 0 {
 					continue
 				}
-			case opRevoke:
-				if !loseLease[in.lease] {
-					continue
+				if len(rs) == 1 && claims[rs[0]] == 1 {
+					op.Output = output{rev: rs[0], deleted: 1, kv: c.union[rs[0]][0].prev}
 				}
 			}
 		}

@@ -250,7 +250,7 @@ func (c *Cluster) HashKV(i int, rev int64) (*pb.HashKVResponse, error) {
 		return nil, err
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r, err := cl.HashKV(ctx, c.Members[i].Direct, rev)
 	if err != nil {
