@@ -313,10 +313,19 @@ func noEffect(err error) bool {
 		return true
 	}
 	// gRPC sends a call only on a connection whose server preface it has read: a call that
-	// failed while its connection was being made was never sent.
+	// failed while its connection was being made (dialing, the handshake), or that timed out
+	// waiting for one, was never sent. Not so "connection error: desc = \"error reading from
+	// server…\"": gRPC ends the calls in flight on a connection that breaks with that.
 	m := s.Message()
-	return s.Code() == codes.Unavailable && (strings.Contains(m, "connection refused") ||
-		strings.Contains(m, "server preface") || strings.HasPrefix(m, "connection error"))
+	switch s.Code() {
+	case codes.Unavailable:
+		return strings.Contains(m, "connection refused") || strings.Contains(m, "server preface") ||
+			strings.Contains(m, "while dialing")
+	case codes.DeadlineExceeded:
+		return strings.Contains(m, "while waiting for connections to become ready") ||
+			(strings.HasPrefix(m, "latest balancer error") && !strings.Contains(m, "error reading from server"))
+	}
+	return false
 }
 
 func isLeaseGone(err error) bool {
