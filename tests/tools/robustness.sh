@@ -30,10 +30,10 @@ status=0
 for bin in "${bins[@]}"; do
   for n in $members; do
     "$work/robustness" -bin "$bin" -members "$n" -runs "$runs" -duration "$duration" \
-      -seed "$seed" -faults "$faults" 2>/dev/null | tee -a "$log" | grep -E '^(run|TOTAL|  VIOLATION)' || status=1
+      -seed "$seed" -faults "$faults" 2>>"$log.stderr" | tee -a "$log" | grep -E '^(run|TOTAL|  VIOLATION)' || status=1
     seed=$((seed + runs))
   done
 done
-echo "full output in $log"
+echo "full output in $log (the clients' own logging in $log.stderr)"
 grep '^TOTAL' "$log" | tail -n $(( ${#bins[@]} * $(wc -w <<<"$members") ))
 exit $status
