@@ -56,7 +56,6 @@ type Report struct {
 	checkTime             time.Duration
 	members               int
 	bin                   string
-	replayComplete        bool
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -355,7 +354,6 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 	for _, v := range wc.violations {
 		rep.violate("watch: %s", v)
 	}
-	rep.replayComplete = wc.complete
 	if !wc.complete {
 		rep.violate("watch: the events seen do not cover every revision to %d", rep.FinalRev)
 	}

@@ -248,12 +248,7 @@ func (cl *client) do(r *recorder, in input) {
 			out.rev = resp.Header.Revision
 		}
 		// Revoked, or of unknown outcome: either way the client lets go of it.
-		for j, l := range cl.leases {
-			if l == in.lease {
-				cl.leases = append(cl.leases[:j], cl.leases[j+1:]...)
-				break
-			}
-		}
+		cl.dropLease(in.lease)
 	}
 	ret := r.now()
 	cl.c.result(err)

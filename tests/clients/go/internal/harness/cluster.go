@@ -116,22 +116,8 @@ func StartCluster(tb TB, dir string, o Options) *Cluster {
 			}
 		}
 	}
-	for _, m := range c.Members {
-		if m.PeerFwd != nil {
-			j := c.index(m)
-			m.PeerFwd.SetBlock(func(from string) bool { return c.isBlocked(from, j) })
-		}
-	}
+	c.apply()
 	return c
-}
-
-func (c *Cluster) index(m *Member) int {
-	for i, x := range c.Members {
-		if x == m {
-			return i
-		}
-	}
-	return -1
 }
 
 func (c *Cluster) isBlocked(from string, to int) bool {
@@ -151,10 +137,10 @@ func (c *Cluster) isBlocked(from string, to int) bool {
 	return len(c.Members) > 1
 }
 
+// apply has every peer forwarder hold what the blocked pairs say (now that the ids are known).
 func (c *Cluster) apply() {
 	for j, m := range c.Members {
 		if m.PeerFwd != nil {
-			j := j
 			m.PeerFwd.SetBlock(func(from string) bool { return c.isBlocked(from, j) })
 		}
 	}

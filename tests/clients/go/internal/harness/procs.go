@@ -114,13 +114,6 @@ func (p *Proc) Kill() {
 	}
 }
 
-// Running: started and not killed by the harness (it may still have exited on its own).
-func (p *Proc) Running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.cmd != nil
-}
-
 // Exited: the process ended on its own; its exit status.
 func (p *Proc) Exited() (bool, string) {
 	p.mu.Lock()
