@@ -253,6 +253,9 @@ pub struct Status {
     /// The last snapshot taken or installed.
     pub snapshot_index: RaftIndex,
     pub removed: bool,
+    /// Why the node stopped on its own (a WAL write or fsync failed, apply failed): it takes
+    /// no more turns; the member must stop.
+    pub failed: Option<String>,
     /// On the leader: each peer's replication progress (empty elsewhere).
     pub peers: std::collections::BTreeMap<MemberId, PeerProgress>,
     /// On the leader: the last index of its own log.

@@ -286,7 +286,14 @@ impl Preallocator {
     /// The prepared file (waiting for it if needed); starts preparing the next.
     fn take(&self, dir: &Path, size: u64) -> Result<PathBuf> {
         let path = match self.ready.recv() {
-            Ok(r) => r?,
+            Ok(Ok(p)) => p,
+            // Prepared ahead of time, it failed (a full disk may have room now): once more.
+            Ok(Err(e)) => {
+                tracing::warn!("preparing the next WAL segment failed: {e}; trying again");
+                let p = dir.join(PREALLOC_NAME);
+                zero_file(&p, size)?;
+                p
+            }
             // The thread could not start: prepare inline.
             Err(_) => {
                 let p = dir.join(PREALLOC_NAME);
@@ -312,7 +319,17 @@ impl Drop for Preallocator {
     }
 }
 
+/// Creates `path` zero-filled and fsynced; on failure (a full disk) removes what it wrote, so
+/// a half-made segment holds no space the data file needs.
 fn zero_file(path: &Path, size: u64) -> Result<()> {
+    let r = fill_zeros(path, size);
+    if r.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}
+
+fn fill_zeros(path: &Path, size: u64) -> Result<()> {
     let mut f = io(
         "create",
         path,
@@ -581,6 +598,11 @@ impl Wal {
         io("write", path, self.file.write_all_at(buf, self.offset))?;
         if sync {
             let t = std::time::Instant::now();
+            fail::fail_point!("wal_fsync", |_| io(
+                "fdatasync",
+                path,
+                Err(std::io::Error::other("injected by failpoint wal_fsync"))
+            ));
             io("fdatasync", path, self.file.sync_data())?;
             crate::metrics::WAL_FSYNC.observe(t.elapsed().as_secs_f64());
         }

@@ -307,16 +307,40 @@ pub struct ServeFlags {
     /// Lease checkpoints: the leader records leases' remaining TTLs through consensus, so a
     /// leader change does not restart them from their full TTL. etcd's flag (off by default
     /// there); kvd turns it on by default. `--experimental-enable-lease-checkpoint=false`
-    /// turns it off.
+    /// turns it off. Deprecated, as in etcd 3.6: `--feature-gates=LeaseCheckpoint=false`.
     #[arg(
         long,
         env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT",
-        default_value = "true",
         num_args = 0..=1,
         default_missing_value = "true",
         action = clap::ArgAction::Set
     )]
-    pub experimental_enable_lease_checkpoint: bool,
+    pub experimental_enable_lease_checkpoint: Option<bool>,
+    /// Server feature gates, `Name=true|false` pairs by etcd's names: InitialCorruptCheck,
+    /// LeaseCheckpoint (kvd's default: true), LeaseCheckpointPersist and
+    /// TxnModeWriteWithSharedBuffer (no effect), AllAlpha, AllBeta. CompactHashCheck,
+    /// SetMemberLocalAddr and StopGRPCServiceOnDefrag are not supported.
+    #[arg(long, env = "ETCD_FEATURE_GATES", default_value = "")]
+    pub feature_gates: String,
+    /// Before serving, compare this member's data with its peers' and refuse to start if they
+    /// differ. Deprecated, as in etcd 3.6: `--feature-gates=InitialCorruptCheck=true`.
+    #[arg(
+        long,
+        env = "ETCD_EXPERIMENTAL_INITIAL_CORRUPT_CHECK",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub experimental_initial_corrupt_check: Option<bool>,
+    /// Time between the leader's comparisons of the members' data (HashKV at one revision);
+    /// a member that differs raises the CORRUPT alarm. 0s: never.
+    #[arg(
+        long,
+        alias = "experimental-corrupt-check-time",
+        env = "ETCD_CORRUPT_CHECK_TIME",
+        default_value = "0s"
+    )]
+    pub corrupt_check_time: String,
     /// Refuse membership changes that could cost the quorum (etcd's, on by default).
     #[arg(
         long,

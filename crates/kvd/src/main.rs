@@ -3,6 +3,7 @@
 
 mod client_port;
 mod config;
+mod gates;
 mod listen;
 mod peer_port;
 mod plan;
@@ -32,6 +33,9 @@ const DRAIN: Duration = Duration::from_secs(2);
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    // Test builds only: failpoints armed from FAILPOINTS (e.g. `wal_fsync=20*off->return`).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let args = match config::normalize_args(std::env::args()) {
         Ok(a) => a,
         Err(e) => {
@@ -119,6 +123,15 @@ fn serve(f: ServeFlags) -> Result<()> {
         sec.dialer.clone(),
     );
     tracing::info!(name = %p.name, member = %p.id, cluster = %p.cluster_id, "kvd started");
+    // As etcd's: before this member serves its peers or clients (so nothing reaches it and the
+    // leader's own check cannot ask it), its data against every peer's.
+    if p.initial_corrupt_check {
+        if let Err(e) = rt.block_on(rpc::corrupt::initial_check(&core)) {
+            rt.shutdown_timeout(DRAIN);
+            drop(core);
+            return Err(e);
+        }
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();
@@ -190,18 +203,27 @@ fn serve(f: ServeFlags) -> Result<()> {
         }
     }));
 
-    let why = rt.block_on(async {
+    // Why the member stops: a signal, its removal, or a failure of its disk (None: asked to).
+    let (why, failed) = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
         let mut check = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => return Ok::<_, String>("SIGINT"),
-                _ = term.recv() => return Ok("SIGTERM"),
+                _ = tokio::signal::ctrl_c() => return Ok::<_, String>(("SIGINT", None)),
+                _ = term.recv() => return Ok(("SIGTERM", None)),
                 _ = check.tick() => {
+                    let st = core.node.status();
                     // As etcd: a member removed from the cluster stops.
-                    if core.node.status().removed {
-                        return Ok("removal from the cluster");
+                    if st.removed {
+                        return Ok(("removal from the cluster", None));
+                    }
+                    // As etcd's fatal errors: a WAL write or fsync, or a write of the data
+                    // file, that failed (a full or failing disk) stops the member — never
+                    // retried as if it had succeeded. What was acknowledged is in the WAL.
+                    let store = core.backend.store().failure();
+                    if let Some(e) = st.failed.or(store) {
+                        return Ok(("a storage failure", Some(e)));
                     }
                 }
             }
@@ -221,7 +243,10 @@ fn serve(f: ServeFlags) -> Result<()> {
     // The last reference: stops the raft member, then closes the store (flushed and synced).
     drop(core);
     tracing::info!("stopped");
-    Ok(())
+    match failed {
+        Some(e) => Err(format!("stopped after a storage failure: {e}")),
+        None => Ok(()),
+    }
 }
 
 /// The runtime's worker threads: half the cores, at least one. The heavy work runs on threads

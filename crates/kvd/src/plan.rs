@@ -11,7 +11,7 @@ use ids::{ClusterId, MemberId};
 use rpc::ServerConfig;
 
 use crate::config::{self, ServeFlags};
-use crate::{listen, tls};
+use crate::{gates, listen, tls};
 
 type Result<T, E = String> = std::result::Result<T, E>;
 
@@ -22,6 +22,9 @@ pub struct Plan {
     pub id: MemberId,
     pub cluster_id: ClusterId,
     pub start: Start,
+    /// Compare this member's data with its peers' before serving clients: the
+    /// InitialCorruptCheck gate, on a restart (a new member has nothing to compare).
+    pub initial_corrupt_check: bool,
     /// `(host:port, https)` of `--listen-client-urls`, `--listen-client-http-urls`,
     /// `--listen-metrics-urls` and `--listen-peer-urls`.
     pub client_listen: Vec<(String, bool)>,
@@ -278,6 +281,7 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
     let members = consensus::parse_initial_cluster(&initial, token).map_err(|e| e.to_string())?;
     let existing = consensus::existing_member(&member_dir).map_err(|e| e.to_string())?;
+    let restart = existing.is_some();
     let (id, cluster_id, start) = match existing {
         Some((id, cluster_id)) => {
             tracing::info!(dir = %member_dir.display(), member = %id, cluster = %cluster_id, "restarting from the data directory");
@@ -356,7 +360,16 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     if every.is_zero() {
         return Err("--lease-checkpoint-interval: must be more than 0".into());
     }
-    server.lease_checkpoint_interval = f.experimental_enable_lease_checkpoint.then_some(every);
+    let gates = gates::parse(
+        &f.feature_gates,
+        gates::Deprecated {
+            initial_corrupt_check: f.experimental_initial_corrupt_check,
+            lease_checkpoint: f.experimental_enable_lease_checkpoint,
+        },
+    )?;
+    server.lease_checkpoint_interval = gates.lease_checkpoint.then_some(every);
+    server.corrupt_check_time = rpc::parse_duration(&f.corrupt_check_time)
+        .map_err(|e| format!("--corrupt-check-time: {e}"))?;
     server.strict_reconfig_check = f.strict_reconfig_check;
     let freelist = match f.freelist_type.as_str() {
         "map" => pager::FreelistKind::Hashmap,
@@ -379,6 +392,7 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
         id,
         cluster_id,
         start,
+        initial_corrupt_check: gates.initial_corrupt_check && restart,
         client_listen,
         client_http_listen,
         metrics_listen,

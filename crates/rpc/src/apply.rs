@@ -9,7 +9,9 @@ use std::io::{self, Read};
 use std::sync::Arc;
 
 use api::etcdserverpb::alarm_request::AlarmAction;
-use api::etcdserverpb::{AlarmMember, AlarmResponse, CompactionResponse, ResponseHeader};
+use api::etcdserverpb::{
+    AlarmMember, AlarmResponse, AlarmType, CompactionResponse, ResponseHeader,
+};
 use consensus::{Committed, StateMachine};
 use mvcc::Writer;
 use prost::Message;
@@ -190,6 +192,12 @@ impl StateMachine for KvStateMachine {
                     out.push(Err(e.status()));
                     continue;
                 }
+            }
+            // etcd's corrupt applier: while a member's data is known to differ, nothing more
+            // is written anywhere (reads and alarm changes go on), the same on every member.
+            if op.writes_data() && store.has_alarm(AlarmType::Corrupt as i32) {
+                out.push(Err(error::corrupt()));
+                continue;
             }
             match self.apply_one(&mut w, store.rev(), op, c.index) {
                 Ok(r) => out.push(r),

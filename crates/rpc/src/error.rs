@@ -17,6 +17,11 @@ pub(crate) fn no_space() -> Status {
     Status::resource_exhausted("etcdserver: mvcc: database space exceeded")
 }
 
+/// A write while the CORRUPT alarm stands (etcd's `ErrGRPCCorrupt`).
+pub(crate) fn corrupt() -> Status {
+    Status::data_loss("etcdserver: corrupt cluster")
+}
+
 pub(crate) fn bad_member_urls() -> Status {
     Status::invalid_argument("etcdserver: given member URLs are invalid")
 }

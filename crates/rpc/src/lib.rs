@@ -13,6 +13,7 @@ pub mod backend;
 mod cluster;
 pub mod compactor;
 mod concurrency;
+pub mod corrupt;
 mod direct_kv;
 mod error;
 mod http;
@@ -148,15 +149,28 @@ pub fn peer_services(core: &Arc<Core>) -> tonic::service::Routes {
     let cluster_svc = ClusterServer::new(cluster::ClusterService::new(core.clone()))
         .max_decoding_message_size(recv)
         .max_encoding_message_size(GRPC_MAX_SEND);
-    tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+    let maintenance = tonic::service::interceptor::InterceptedService::new(
+        MaintenanceServer::new(maintenance::MaintenanceService::new(core.clone())),
+        check.clone(),
+    );
+    let routes = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
         lease,
         check.clone(),
     ))
     .add_service(tonic::service::interceptor::InterceptedService::new(
         cluster_svc,
         check,
-    ))
+    ));
+    // Of Maintenance, only HashKV: the leader's corruption check asks its followers.
+    tonic::service::Routes::from(
+        routes
+            .into_axum_router()
+            .route_service(PEER_HASH_KV, maintenance),
+    )
 }
+
+/// The one Maintenance call the peer port serves.
+const PEER_HASH_KV: &str = "/etcdserverpb.Maintenance/HashKV";
 
 /// What `--listen-metrics-urls` serve, as etcd: `/metrics` and the health endpoints.
 pub fn metrics_router(core: &Arc<Core>) -> axum::Router {

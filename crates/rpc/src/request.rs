@@ -117,6 +117,19 @@ impl Op {
                 | Op::RoleRevokePermission(_)
         )
     }
+
+    /// What etcd's corrupt applier refuses: the ops that write keys or leases.
+    pub fn writes_data(&self) -> bool {
+        matches!(
+            self,
+            Op::Put(_)
+                | Op::DeleteRange(_)
+                | Op::Txn(_)
+                | Op::Compaction(_)
+                | Op::LeaseGrant(_)
+                | Op::LeaseRevoke(_)
+        )
+    }
 }
 
 impl InternalRequest {

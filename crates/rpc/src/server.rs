@@ -61,6 +61,8 @@ pub struct ServerConfig {
     pub lease_checkpoint_interval: Option<Duration>,
     /// `--strict-reconfig-check`: refuse membership changes that could cost the quorum.
     pub strict_reconfig_check: bool,
+    /// `--corrupt-check-time`: how often the leader compares the members' data (0: never).
+    pub corrupt_check_time: Duration,
 }
 
 impl ServerConfig {
@@ -85,6 +87,7 @@ impl ServerConfig {
             auto_compaction: crate::AutoCompaction::Off,
             lease_checkpoint_interval: Some(LEASE_CHECKPOINT_INTERVAL),
             strict_reconfig_check: true,
+            corrupt_check_time: Duration::ZERO,
         }
     }
 }
@@ -299,7 +302,21 @@ impl Core {
         Ok(ch)
     }
 
-    /// `msg` as a request forwarded to the leader: it names this member's cluster.
+    /// A connection to a peer URL whose calls end after `timeout` (the corruption checks').
+    pub(crate) fn peer_channel(
+        &self,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<tonic::transport::Channel, Status> {
+        self.dialer
+            .channel(url, |e| {
+                e.connect_timeout(Duration::from_secs(2)).timeout(timeout)
+            })
+            .map_err(|e| Status::unavailable(format!("peer URL {url}: {e}")))
+    }
+
+    /// `msg` as a request to another member's peer port (forwarded to the leader, or a
+    /// member's own question): it names this member's cluster.
     pub fn to_leader<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Ok(v) = self.cluster_id.to_string().parse() {
@@ -315,6 +332,10 @@ impl Core {
 pub async fn background(core: std::sync::Weak<Core>) {
     if let Some(c) = core.upgrade() {
         tokio::spawn(crate::compactor::run(core.clone(), c.cfg.auto_compaction));
+        tokio::spawn(crate::corrupt::periodic(
+            core.clone(),
+            c.cfg.corrupt_check_time,
+        ));
     }
     tokio::spawn(publish_until_done(core.clone()));
     let mut leading = false;

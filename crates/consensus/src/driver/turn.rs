@@ -66,6 +66,7 @@ impl<O: Send + 'static> Driver<O> {
         let Some(mut d) = slot.take() else { return };
         if let Err(e) = &result {
             tracing::error!(member = %d.cfg.id, "raft node stopped: {e}");
+            d.shared.status.lock().failed = Some(e.to_string());
         }
         d.ended = true;
         d.shared.publish_sole_leader(false, 0);
@@ -84,6 +85,7 @@ impl<O: Send + 'static> Driver<O> {
             Some(d) if !d.ended => {
                 if let Err(e) = d.turn(&mut std::iter::empty(), false) {
                     tracing::error!(member = %d.cfg.id, "raft node stopped: {e}");
+                    shared.status.lock().failed = Some(e.to_string());
                     // No more turns; the raft thread, woken, winds the node down.
                     d.ended = true;
                     let _ = shared.tx.send(Cmd::Stop);

@@ -123,6 +123,19 @@ impl Proc {
         state: &str,
         extra: &[&str],
     ) -> Proc {
+        Proc::start_env(bin, m, dir, all, state, extra, &[])
+    }
+
+    /// The same with environment variables `env` set for the process.
+    pub fn start_env(
+        bin: &Path,
+        m: &Addrs,
+        dir: &Path,
+        all: &[Addrs],
+        state: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
         let log = dir.with_extension("log");
         let logf = std::fs::OpenOptions::new()
@@ -143,6 +156,7 @@ impl Proc {
             .args(["--initial-cluster-token", "kvd-test"])
             .args(["--log-level", "info"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
             .stderr(logf)
@@ -345,6 +359,29 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits up to `secs` for the process to exit on its own (`what`: why it should); its
+    /// status and its whole log.
+    pub fn wait_exit(&mut self, what: &str, secs: u64) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let status = loop {
+            if let Some(s) = self.child.as_mut().expect("running").try_wait().unwrap() {
+                self.child = None;
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit ({what}):\n{}",
+                self.addrs.name,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        (
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
     }
 
     /// The process's log so far (for failure messages).

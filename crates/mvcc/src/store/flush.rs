@@ -62,6 +62,11 @@ pub(super) fn flush_loop(weak: Weak<Inner>) {
         }
         if let Err(e) = inner.flush() {
             tracing::error!(path = %inner.path.display(), error = %e, "background flush failed");
+            // A store stopped by the failure fails every flush the same way: no more to do
+            // (or to log).
+            if inner.state.lock().failed.is_some() {
+                return;
+            }
         }
     }
 }

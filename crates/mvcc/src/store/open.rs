@@ -351,6 +351,12 @@ impl Store {
         self.inner.snapshot()
     }
 
+    /// Why the store stopped taking writes (a flush failed: the disk is full, or failed), if
+    /// it did: the member must stop.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.state.lock().failed.clone()
+    }
+
     /// The writer: one at a time; each of its operations is one etcd write transaction.
     pub fn write(&self) -> Result<Writer<'_>> {
         let st = self.inner.state.lock();

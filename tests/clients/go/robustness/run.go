@@ -229,6 +229,9 @@ func Run(tb harness.TB, cfg Config) *Report {
 	began := time.Now()
 	c := harness.StartCluster(tb, cfg.Dir, harness.Options{
 		Bin: cfg.Bin, Members: cfg.Members, ForwardClients: true, ForwardPeers: true, Token: fmt.Sprintf("robustness-%d", cfg.Seed),
+		// The leader compares the members' hashes all along: a false alarm (or a true one)
+		// raises CORRUPT, which checkEnd reports.
+		Extra: []string{"--corrupt-check-time=" + CorruptCheckTime.String()},
 	})
 	f := &faulter{c: c, rng: rand.New(rand.NewSource(cfg.Seed))}
 	if err := f.healthy(30 * time.Second); err != nil {
@@ -380,9 +383,17 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 	rep.checkEnd(c, wc)
 }
 
-// checkEnd compares the members: the same hash of the store at the final revision, and the
-// same keys as the watchers' replay.
+// CorruptCheckTime is the members' --corrupt-check-time.
+const CorruptCheckTime = 3 * time.Second
+
+// checkEnd compares the members: no alarm raised, the same hash of the store at the final
+// revision, and the same keys as the watchers' replay.
 func (rep *Report) checkEnd(c *harness.Cluster, wc *watchCheck) {
+	if alarms, err := c.Alarms(0); err != nil {
+		rep.violate("the alarms: %v", err)
+	} else if len(alarms) > 0 {
+		rep.violate("alarms raised: %s", alarms)
+	}
 	var first *pb.HashKVResponse
 	for i := range c.Members {
 		h, err := c.HashKV(i, rep.FinalRev)

@@ -245,6 +245,22 @@ func (c *Cluster) HashKV(i int, rev int64) (*pb.HashKVResponse, error) {
 	return (*pb.HashKVResponse)(r), nil
 }
 
+// Alarms are the alarms raised in the cluster, as member i lists them.
+func (c *Cluster) Alarms(i int) ([]*pb.AlarmMember, error) {
+	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].Direct}, DialTimeout: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := cl.AlarmList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.Alarms, nil
+}
+
 // WaitReady waits until a linearizable read through `endpoint` succeeds.
 func WaitReady(tb TB, endpoint string, p *Proc) {
 	tb.Helper()
