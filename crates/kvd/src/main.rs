@@ -33,9 +33,18 @@ const DRAIN: Duration = Duration::from_secs(2);
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    // Test builds only: failpoints armed from FAILPOINTS (e.g. `wal_fsync=20*off->return`).
+    // Test builds only: failpoints armed from FAILPOINTS (e.g. `wal_fsync=20*off->return`),
+    // and a failpoint's panic (on whichever thread) kills the process at that point, as a
+    // crash would.
     #[cfg(feature = "failpoints")]
-    let _failpoints = fail::FailScenario::setup();
+    let _failpoints = {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            hook(info);
+            std::process::abort();
+        }));
+        fail::FailScenario::setup()
+    };
     let args = match config::normalize_args(std::env::args()) {
         Ok(a) => a,
         Err(e) => {

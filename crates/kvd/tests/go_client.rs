@@ -170,11 +170,13 @@ fn leasing_proxies_stay_linearizable_under_faults() {
 }
 
 /// The robustness suite's short profile (`tests/clients/go/robustness`): three kvd members
-/// behind forwarders, randomized traffic with every fault kind injected one at a time for 90
-/// s, the KV history checked by porcupine, every watcher's events and the members' final
-/// state checked, and every list at a past revision; then each validator fed that run's
-/// records with a stale read, a dropped and a duplicated watch event, a lost write and a wrong
-/// list, and seen to fail. Also: a watch requiring a
+/// behind forwarders, randomized traffic with every fault kind injected one at a time (the
+/// failpoints too: the test command builds kvd with them) — 90 s of the etcd traffic, 60 s of
+/// Kubernetes' —, the KV history checked by porcupine, every watcher's events, leases that
+/// expire, the members' final state and alarms, and every list at a past revision; then each
+/// validator fed the etcd run's records with a stale read, a dropped and a duplicated watch
+/// event, a lost write, a wrong list and leases renewed after they expired, and seen to fail.
+/// Also: a watch requiring a
 /// leader ends on a member cut off from the cluster, as etcd's does (kvd's went on waiting
 /// there). The long profile is `tests/tools/robustness.sh`.
 #[test]
@@ -187,6 +189,7 @@ fn a_cluster_under_random_faults_keeps_every_guarantee() {
             "TestWatchRequiringALeaderEndsOnAnIsolatedMember",
             "TestShortProfileUnderFaults",
             "TestShortProfileUnderFaults/validators",
+            "TestKubernetesProfileUnderFaults",
         ],
     );
     // The run's report, for the test's output.

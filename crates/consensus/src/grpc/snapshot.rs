@@ -35,6 +35,8 @@ pub(super) async fn send_snapshot(
         }
     }
     let (url, mut client) = tried?;
+    // etcd's raftBeforeLeaderSendSnapshot-like points: a leader that dies around a send.
+    fail::fail_point!("raft_before_snapshot_send");
     let encoded = msg.write_to_bytes().map_err(|e| format!("encode: {e}"))?;
     let (tx, rx) = mpsc::channel::<SnapshotChunk>(4);
     let reader = tokio::task::spawn_blocking(move || -> io::Result<u64> {
@@ -74,5 +76,6 @@ pub(super) async fn send_snapshot(
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("reading the snapshot: {e}"))?;
     tracing::info!(peer = %to, bytes, "snapshot sent");
+    fail::fail_point!("raft_after_snapshot_send");
     Ok(())
 }

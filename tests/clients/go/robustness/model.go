@@ -14,20 +14,34 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// The keys the traffic touches: few, so that operations collide.
-const nKeys = 8
+// The keys the traffic touches: few, so that operations collide. Every kind of operation
+// uses the first nShared; each of the rest is one client's, put once on each short lease the
+// client takes, so that it stays on the lease until the lease expires (on a shared key
+// another write soon replaces it).
+const (
+	nKeys   = 14
+	nShared = 8
+)
 
 // Prefix holds every key the traffic writes.
 const Prefix = "/r/"
 
-func keyName(i int) string { return fmt.Sprintf("%sk%d", Prefix, i) }
+// Resources are the two halves of the keys, as Kubernetes keeps each kind of object under a
+// prefix of its own: keys 0-6 under Prefix+"a/", 7-13 under Prefix+"b/".
+var Resources = [2]string{Prefix + "a/", Prefix + "b/"}
+
+func resource(i int) string { return Resources[i*len(Resources)/nKeys] }
+
+// keyName: zero-padded, so that the store's order is the keys' order.
+func keyName(i int) string { return fmt.Sprintf("%sk%02d", resource(i), i) }
 
 func keyIndex(k string) int {
-	var i int
-	if _, err := fmt.Sscanf(k, Prefix+"k%d", &i); err != nil || i < 0 || i >= nKeys {
-		return -1
+	for i := 0; i < nKeys; i++ {
+		if keyName(i) == k {
+			return i
+		}
 	}
-	return i
+	return -1
 }
 
 // kv is one key as etcd answers it; mod == 0 means absent.

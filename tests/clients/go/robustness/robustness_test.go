@@ -35,11 +35,26 @@ func seed() int64 {
 	return time.Now().UnixNano() % 1_000_000
 }
 
-// The short profile: three members, every fault kind, checked; then each validator is fed
-// the same run's records with one fault injected into them, and must find it.
+// The short profile: three members, every fault kind, the etcd traffic, checked; then each
+// validator is fed the same run's records with one fault injected into them, and must find it.
 func TestShortProfileUnderFaults(t *testing.T) {
+	rep := shortRun(t, Etcd, 90*time.Second)
+	t.Run("validators", func(t *testing.T) { checkValidatorsFail(t, rep) })
+}
+
+// The same with the Kubernetes traffic: watchers of each resource from a recent revision,
+// compaction every few seconds.
+func TestKubernetesProfileUnderFaults(t *testing.T) {
+	rep := shortRun(t, Kubernetes, 60*time.Second)
+	if len(rep.compactions) < 5 {
+		t.Fatalf("only %d compactions", len(rep.compactions))
+	}
+}
+
+// shortRun runs `p` for d (or KVD_ROBUSTNESS_DURATION) on three members with every fault, and
+// fails on a violation or a run that did too little to mean anything.
+func shortRun(t *testing.T, p Profile, d time.Duration) *Report {
 	b := bin(t)
-	d := 90 * time.Second
 	if s := os.Getenv("KVD_ROBUSTNESS_DURATION"); s != "" {
 		if x, err := time.ParseDuration(s); err == nil {
 			d = x
@@ -51,7 +66,7 @@ func TestShortProfileUnderFaults(t *testing.T) {
 	}
 	rep := Run(t, Config{
 		Bin: b, Members: 3, Duration: d, Clients: 6, Watchers: 3, Faults: all,
-		Seed: seed(), Dir: t.TempDir(), Mix: EtcdMix,
+		Seed: seed(), Dir: t.TempDir(), Profile: p,
 	})
 	t.Log(rep.Summary())
 	if len(rep.Violations) > 0 {
@@ -60,11 +75,12 @@ func TestShortProfileUnderFaults(t *testing.T) {
 	if rep.Operations < 1000 || rep.Events < 1000 || len(rep.Faults) < 5 {
 		t.Fatalf("the run did too little to mean anything: %d operations, %d events, %d faults", rep.Operations, rep.Events, len(rep.Faults))
 	}
-	t.Run("validators", func(t *testing.T) { checkValidatorsFail(t, rep) })
+	return rep
 }
 
 // checkValidatorsFail feeds the validators a clean run's records with a stale read, a
-// dropped, a duplicated watch event and a lost write put into them.
+// dropped, a duplicated watch event, a lost write and leases renewed after they expired put
+// into them.
 func checkValidatorsFail(t *testing.T, rep *Report) {
 	hist := rep.history
 	// A stale read: a get called after a put of its key returned, answered with the value
@@ -130,6 +146,28 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 			t.Errorf("a changed list at a past revision passed: %v", c.violations)
 		}
 	}
+	// Every lease that expired, taken as renewed an hour after its grant: each expired early.
+	if rep.Expired == 0 {
+		t.Errorf("no lease expired in the run")
+	} else {
+		leases := map[int64]*leaseRec{}
+		for id, l := range rep.leases {
+			c := *l
+			c.renewed = c.call + int64(time.Hour)
+			leases[id] = &c
+		}
+		c := checkWatches(copyWatchers(rep.watchers), rep.FinalRev, hist, rep.lists, rep.compactions)
+		patch(hist, c, leases)
+		early := 0
+		for _, v := range c.violations {
+			if strings.Contains(v, "expired early") {
+				early++
+			}
+		}
+		if early != min(rep.Expired, 50) {
+			t.Errorf("%d leases expired, %d reported early: %v", rep.Expired, early, c.violations)
+		}
+	}
 	mutate("drop", "missed revision", func(ws []*watcher) bool {
 		s := ws[0].sessions[len(ws[0].sessions)-1]
 		for i := len(s.items) / 2; i < len(s.items); i++ {
@@ -183,7 +221,7 @@ func copyWatchers(ws []*watcher) []*watcher {
 			cs := *s
 			cs.items = nil
 			for _, it := range s.items {
-				cs.items = append(cs.items, item{events: append([]wevent(nil), it.events...), progress: it.progress})
+				cs.items = append(cs.items, item{events: append([]wevent(nil), it.events...), progress: it.progress, at: it.at})
 			}
 			c.sessions = append(c.sessions, &cs)
 		}

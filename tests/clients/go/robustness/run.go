@@ -1,9 +1,11 @@
 package robustness
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -29,7 +31,8 @@ type Config struct {
 	Faults []string
 	Seed   int64
 	Dir    string
-	Mix    Mix
+	// Profile is the traffic: Etcd or Kubernetes.
+	Profile Profile
 	// CheckTimeout bounds porcupine.
 	CheckTimeout time.Duration
 }
@@ -49,6 +52,9 @@ type Report struct {
 	history     []porcupine.Operation
 	lists       []pagedList
 	compactions []compaction
+	leases      map[int64]*leaseRec
+	// Expired: short leases seen to expire (their keys deleted by no client's call).
+	Expired int
 	// Lists at a past revision checked, and of them answered "compacted".
 	Lists, ListsCompacted int
 	watchers              []*watcher
@@ -56,6 +62,7 @@ type Report struct {
 	checkTime             time.Duration
 	members               int
 	bin                   string
+	profile               string
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -65,16 +72,30 @@ func (r *Report) violate(format string, args ...any) {
 // Summary is the report in a few lines.
 func (r *Report) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s, %d members, seed %d, %s: %d operations answered (%s), %d of unknown outcome, %d failed with no effect; final revision %d\n",
-		filepath.Base(r.bin), r.members, r.Seed, r.Elapsed.Round(time.Second), r.Operations, r.Kinds, r.Unknown, r.Failed, r.FinalRev)
+	fmt.Fprintf(&b, "%s, %d members, %s profile, seed %d, %s: %d operations answered (%s), %d of unknown outcome, %d failed with no effect; final revision %d\n",
+		filepath.Base(r.bin), r.members, r.profile, r.Seed, r.Elapsed.Round(time.Second), r.Operations, r.Kinds, r.Unknown, r.Failed, r.FinalRev)
 	fmt.Fprintf(&b, "faults (%d): %s\n", len(r.Faults), strings.Join(r.Faults, ", "))
-	fmt.Fprintf(&b, "lists at a past revision checked: %d (%d of them compacted away)\n", r.Lists, r.ListsCompacted)
+	fmt.Fprintf(&b, "lists at a past revision checked: %d (%d of them compacted away); short leases granted %d, seen to expire %d\n",
+		r.Lists, r.ListsCompacted, len(r.leases), r.Expired)
 	fmt.Fprintf(&b, "watch: %d events in %d sessions checked; linearizability: %s (%s, %d writes of unknown outcome left); violations: %d\n",
 		r.Events, r.Sessions, r.Linearizable, r.checkTime.Round(time.Millisecond), r.Unresolved, len(r.Violations))
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "  VIOLATION: %s\n", v)
 	}
 	return b.String()
+}
+
+// Failpoints are kvd's crash points the "failpoint" fault arms: around the save of raft's
+// Ready to the WAL (etcd's raftBeforeSave/raftAfterSave) and its fsync, around applying
+// committed entries, around saving and applying a snapshot and sending one, and inside the
+// data file's commit (etcd's beforeCommit: before the data pages are synced, before the meta
+// page is written).
+var Failpoints = []string{
+	"wal_before_save", "wal_after_save", "wal_fsync",
+	"raft_before_apply", "raft_after_apply",
+	"raft_snapshot_save", "raft_snapshot_apply",
+	"raft_before_snapshot_send", "raft_after_snapshot_send",
+	"pager::before_data_sync", "pager::before_meta_write",
 }
 
 // Faults are the faults a run can inject, by name. Each returns what it did, once every
@@ -86,6 +107,38 @@ var Faults = map[string]func(f *faulter) string{
 		f.sleep(500*time.Millisecond, 2*time.Second)
 		f.c.Members[i].P.Start()
 		return fmt.Sprintf("kill m%d", i)
+	},
+	// A member removed, its data deleted, and added back as a new member: it catches up from
+	// the others.
+	"replace": func(f *faulter) string {
+		i := f.target()
+		if err := f.c.Replace(i); err != nil {
+			return fmt.Sprintf("replace m%d: %v", i, err)
+		}
+		return fmt.Sprintf("replace m%d", i)
+	},
+	// A member restarted with a failpoint armed, dying (abort) at its n-th pass there, as a
+	// crash at that point of its code would; then started without. kvd built with
+	// --features failpoints only.
+	"failpoint": func(f *faulter) string {
+		if !f.failpoints {
+			return "failpoint: the binary has none"
+		}
+		i := f.target()
+		fp := Failpoints[f.rng.Intn(len(Failpoints))]
+		n := 1 + f.rng.Intn(200)
+		p := f.c.Members[i].P
+		p.Kill()
+		p.SetEnv(fmt.Sprintf("FAILPOINTS=%s=%d*off->panic", fp, n))
+		p.Start()
+		hit := p.Wait(10 * time.Second)
+		p.SetEnv()
+		p.Kill()
+		p.Start()
+		if !hit {
+			return fmt.Sprintf("failpoint %s (pass %d) on m%d: not reached in 10 s", fp, n, i)
+		}
+		return fmt.Sprintf("failpoint %s (pass %d) on m%d", fp, n, i)
 	},
 	"pause": func(f *faulter) string {
 		i := f.target()
@@ -162,13 +215,21 @@ var Faults = map[string]func(f *faulter) string{
 }
 
 // The faults that need more than one member.
-var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": true}
+var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": true, "replace": true}
 
 // faulter injects faults into one cluster.
 type faulter struct {
 	c   *harness.Cluster
 	rng *rand.Rand
 	rec *recorder
+	// failpoints: the binary has kvd's failpoints compiled in.
+	failpoints bool
+}
+
+// hasFailpoints: bin is kvd built with --features failpoints (its failpoints' names are in it).
+func hasFailpoints(bin string) bool {
+	b, err := os.ReadFile(bin)
+	return err == nil && bytes.Contains(b, []byte("raft_before_snapshot_send"))
 }
 
 // target is the leader half the time, another member otherwise.
@@ -185,9 +246,12 @@ func (f *faulter) sleep(lo, hi time.Duration) time.Duration {
 	return d
 }
 
-func (f *faulter) admin() (*clientv3.Client, error) {
+func (f *faulter) admin() (*clientv3.Client, error) { return admin(f.c) }
+
+// admin is a client of every member, bypassing the forwarders.
+func admin(c *harness.Cluster) (*clientv3.Client, error) {
 	var eps []string
-	for _, m := range f.c.Members {
+	for _, m := range c.Members {
 		eps = append(eps, m.Direct)
 	}
 	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second})
@@ -225,7 +289,10 @@ func Run(tb harness.TB, cfg Config) *Report {
 	if cfg.CheckTimeout == 0 {
 		cfg.CheckTimeout = 5 * time.Minute
 	}
-	rep := &Report{Seed: cfg.Seed, members: cfg.Members, bin: cfg.Bin}
+	if cfg.Profile.Name == "" {
+		cfg.Profile = Etcd
+	}
+	rep := &Report{Seed: cfg.Seed, members: cfg.Members, bin: cfg.Bin, profile: cfg.Profile.Name}
 	began := time.Now()
 	c := harness.StartCluster(tb, cfg.Dir, harness.Options{
 		Bin: cfg.Bin, Members: cfg.Members, ForwardClients: true, ForwardPeers: true, Token: fmt.Sprintf("robustness-%d", cfg.Seed),
@@ -233,7 +300,7 @@ func Run(tb harness.TB, cfg Config) *Report {
 		// raises CORRUPT, which checkEnd reports.
 		Extra: []string{"--corrupt-check-time=" + CorruptCheckTime.String()},
 	})
-	f := &faulter{c: c, rng: rand.New(rand.NewSource(cfg.Seed))}
+	f := &faulter{c: c, rng: rand.New(rand.NewSource(cfg.Seed)), failpoints: hasFailpoints(cfg.Bin)}
 	if err := f.healthy(30 * time.Second); err != nil {
 		tb.Fatalf("the cluster did not start: %v", err)
 	}
@@ -247,18 +314,34 @@ func Run(tb harness.TB, cfg Config) *Report {
 	var ws []*watcher
 	var wwg sync.WaitGroup
 	for i := 0; i < cfg.Watchers; i++ {
-		w := &watcher{id: i}
+		w := &watcher{id: i, clock: r.now}
 		ws = append(ws, w)
 		wwg.Add(1)
 		go w.run(addrs, stopWatch, &wwg)
 	}
-	wait, err := traffic(r, addrs, cfg.Clients, cfg.Mix, cfg.Seed, stopTraffic)
+	if cfg.Profile.Kubernetes {
+		// A watcher of each resource, from a recent revision (as a reflector watches from the
+		// revision of its list), beside those of every key; and the compactor.
+		for i, res := range Resources {
+			w := &watcher{id: cfg.Watchers + i, clock: r.now, prefix: res}
+			ws = append(ws, w)
+			wwg.Add(1)
+			go func() {
+				time.Sleep(2 * time.Second)
+				w.from = max(leaderRevision(c)-20, 1)
+				w.run(addrs, stopWatch, &wwg)
+			}()
+		}
+		wwg.Add(1)
+		go compactor(c, r, ws[:cfg.Watchers], stopTraffic, &wwg)
+	}
+	wait, err := traffic(r, addrs, cfg.Clients, cfg.Profile.Mix, cfg.Seed, stopTraffic)
 	if err != nil {
 		tb.Fatalf("traffic: %v", err)
 	}
 	var faults []string
 	for _, name := range cfg.Faults {
-		if cfg.Members > 1 || !clusterOnly[name] {
+		if (cfg.Members > 1 || !clusterOnly[name]) && (name != "failpoint" || f.failpoints) {
 			faults = append(faults, name)
 		}
 	}
@@ -281,6 +364,11 @@ func Run(tb harness.TB, cfg Config) *Report {
 	close(stopTraffic)
 	wait()
 	tb.Logf("%s: traffic stopped", time.Since(began).Round(time.Millisecond))
+	// The short leases expire by themselves: the last revision is after the last of them (a
+	// leader revokes expired leases within a second or so).
+	if d := time.Until(r.leasesGone()); d > -3*time.Second {
+		time.Sleep(d + 3*time.Second)
+	}
 
 	// The end: every member at the last revision, every watcher caught up to it.
 	if err := f.healthy(30 * time.Second); err != nil {
@@ -309,6 +397,13 @@ func Run(tb harness.TB, cfg Config) *Report {
 	rep.history = r.history()
 	r.mu.Lock()
 	rep.lists, rep.compactions = r.lists, r.compactions
+	// A copy: keep-alives may still be running (a renewal missed here only makes the check
+	// of early expiry less strict).
+	rep.leases = map[int64]*leaseRec{}
+	for id, l := range r.leases {
+		c := *l
+		rep.leases[id] = &c
+	}
 	r.mu.Unlock()
 	rep.watchers = ws
 	rep.Operations, rep.Unknown, rep.Failed, rep.Kinds = r.ok, r.unknown, r.failed, r.kindCounts()
@@ -319,17 +414,7 @@ func Run(tb harness.TB, cfg Config) *Report {
 
 // finalRevision is the cluster's revision once every member has applied it.
 func finalRevision(c *harness.Cluster) int64 {
-	var rev int64
-	for i := 0; i < 50 && rev == 0; i++ {
-		for _, s := range c.Status() {
-			if s != nil && s.Leader == s.Header.MemberId {
-				rev = s.Header.Revision
-			}
-		}
-		if rev == 0 {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	rev := leaderRevision(c)
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		behind := false
@@ -361,7 +446,12 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 		rep.violate("watch: the events seen do not cover every revision to %d", rep.FinalRev)
 	}
 	t0 := time.Now()
-	hist := patch(rep.history, wc)
+	before := len(wc.violations)
+	hist := patch(rep.history, wc, rep.leases)
+	for _, v := range wc.violations[before:] {
+		rep.violate("leases: %s", v)
+	}
+	rep.Expired = wc.expired
 	for _, op := range hist {
 		if op.Output.(output).unknown {
 			rep.Unresolved++
@@ -385,6 +475,80 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 
 // CorruptCheckTime is the members' --corrupt-check-time.
 const CorruptCheckTime = 3 * time.Second
+
+// Profile is a kind of traffic.
+type Profile struct {
+	Name string
+	Mix  Mix
+	// Kubernetes: watchers of each resource from a recent revision, and compaction every few
+	// seconds.
+	Kubernetes bool
+}
+
+var (
+	// Etcd is etcd's users: reads and writes of every kind, with leases.
+	Etcd = Profile{Name: "etcd", Mix: EtcdMix}
+	// Kubernetes is an API server's: optimistic-concurrency updates (transactions on a key's
+	// mod revision), paginated lists at a revision, objects stored with leases, watches of
+	// each resource from a revision, compaction every few seconds.
+	Kubernetes = Profile{Name: "kubernetes", Mix: KubernetesMix, Kubernetes: true}
+	// Profiles by name.
+	Profiles = map[string]Profile{Etcd.Name: Etcd, Kubernetes.Name: Kubernetes}
+)
+
+// CompactEvery is the Kubernetes profile's compaction period.
+const CompactEvery = 3 * time.Second
+
+// compactor compacts every CompactEvery to the revision it saw the time before, as Kubernetes'
+// compactor does (every 5 minutes there) — but never past what every watcher of all keys has
+// seen, so that their events cover every revision for the checks.
+func compactor(c *harness.Cluster, r *recorder, all []*watcher, stop <-chan struct{}, done *sync.WaitGroup) {
+	defer done.Done()
+	var prev int64
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(CompactEvery):
+		}
+		now := leaderRevision(c)
+		rev := prev
+		for _, w := range all {
+			rev = min(rev, w.seenTo())
+		}
+		prev = now
+		if rev <= 1 {
+			continue
+		}
+		cl, err := admin(c)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		call := r.now()
+		_, err = cl.Compact(ctx, rev)
+		cancel()
+		cl.Close()
+		// A compaction that failed may still have been applied: recorded either way (the
+		// record only lets lists at older revisions answer "compacted").
+		if err == nil || !strings.Contains(err.Error(), "compacted") {
+			r.compacted(rev, call)
+		}
+	}
+}
+
+// leaderRevision is the leader's revision (0 if no leader answers within 5 s).
+func leaderRevision(c *harness.Cluster) int64 {
+	for i := 0; i < 50; i++ {
+		for _, s := range c.Status() {
+			if s != nil && s.Leader == s.Header.MemberId {
+				return s.Header.Revision
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return 0
+}
 
 // checkEnd compares the members: no alarm raised, the same hash of the store at the final
 // revision, and the same keys as the watchers' replay.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,9 +31,46 @@ type recorder struct {
 	// Counts, for the report.
 	ok, failed, unknown int
 	byKind              [len(kindNames)]int
+	// The short leases granted (left to expire), by id, and when the last should be gone.
+	leases    map[int64]*leaseRec
+	leasesEnd time.Time
 }
 
-func newRecorder() *recorder { return &recorder{start: time.Now()} }
+// leaseRec is a short lease as its client knows it: it cannot expire before `renewed` (the
+// call of its grant, or the send of its last acknowledged keep-alive) plus its TTL.
+type leaseRec struct {
+	ttl           int64
+	call, renewed int64
+}
+
+func (r *recorder) granted(id, ttl, call int64, until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.leases[id] = &leaseRec{ttl: ttl, call: call, renewed: call}
+	if until.After(r.leasesEnd) {
+		r.leasesEnd = until
+	}
+}
+
+// leasesGone: when every short lease granted should have expired (its keep-alives over, its
+// TTL run out).
+func (r *recorder) leasesGone() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.leasesEnd
+}
+
+func (r *recorder) renewed(id, sent int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l := r.leases[id]; l != nil {
+		l.renewed = max(l.renewed, sent)
+	}
+}
+
+func newRecorder() *recorder {
+	return &recorder{start: time.Now(), leases: map[int64]*leaseRec{}}
+}
 
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
 
@@ -107,12 +145,29 @@ type client struct {
 	id     int
 	c      *conns
 	rng    *rand.Rand
-	leases []int64
+	leases []heldLease
 	seen   [nKeys]int64
 	n      int
 	// The highest revision the client has been answered.
 	lastRev int64
 }
+
+// heldLease is a lease a client attaches keys to: an hour long, or a short one kept alive
+// for a while and then left to expire (dropped at `until`, when it should have); a short one
+// takes the client's own key first, then shared ones.
+type heldLease struct {
+	id    int64
+	until time.Time
+	// used: the client's own key was put on it.
+	used bool
+}
+
+// Short leases: TTLs of 2 to 5 s (etcd's and kvd's least is 1.5 election timeouts, 2 s here),
+// kept alive for up to 6 s, then left to expire.
+const (
+	shortTTLMin, shortTTLSpan = 2, 4
+	maxKeepAlive              = 6 * time.Second
+)
 
 // Mix is the share of each kind of operation in the traffic.
 type Mix struct {
@@ -123,6 +178,11 @@ type Mix struct {
 
 // EtcdMix is the etcd profile: reads and writes of every kind, with leases.
 var EtcdMix = Mix{Get: 0.3, List: 0.1, Put: 0.2, Delete: 0.08, Txn: 0.2, LeasePut: 0.08, Revoke: 0.04, ListAt: 0.05}
+
+// KubernetesMix is an API server's: mostly optimistic-concurrency updates and creates
+// (transactions on the key's mod revision, 0 for a create), paginated lists at a revision,
+// objects stored with leases (events), few plain puts and deletes.
+var KubernetesMix = Mix{Get: 0.1, List: 0.04, Put: 0.04, Delete: 0.05, Txn: 0.45, LeasePut: 0.1, Revoke: 0.02, ListAt: 0.2}
 
 func (cl *client) next(m Mix) input {
 	x := cl.rng.Float64() * (m.Get + m.List + m.Put + m.Delete + m.Txn + m.LeasePut + m.Revoke + m.ListAt)
@@ -135,7 +195,7 @@ func (cl *client) next(m Mix) input {
 		}
 		return input{kind: opListAt, cmpMod: max(cl.lastRev-back, 1), limit: 1 + int64(cl.rng.Intn(3))}
 	}
-	k := cl.rng.Intn(nKeys)
+	k := cl.rng.Intn(nShared)
 	cl.n++
 	value := fmt.Sprintf("c%d-%d", cl.id, cl.n)
 	switch {
@@ -161,21 +221,48 @@ func (cl *client) next(m Mix) input {
 func (cl *client) do(r *recorder, in input) {
 	if in.lease == -1 {
 		// A put with a lease: grant one first if the client holds none (grants are not
-		// in the model: they change no key and no revision).
+		// in the model: they change no key and no revision). Half are short, left to expire.
+		cl.leases = slices.DeleteFunc(cl.leases, func(l heldLease) bool {
+			return !l.until.IsZero() && time.Now().After(l.until)
+		})
 		if len(cl.leases) == 0 {
 			if in.kind == opRevoke {
 				return
 			}
+			ttl, hold := int64(3600), time.Duration(0)
+			if cl.rng.Intn(2) == 0 {
+				ttl = shortTTLMin + cl.rng.Int63n(shortTTLSpan)
+				hold = time.Duration(cl.rng.Int63n(int64(maxKeepAlive)))
+			}
+			lc := cl.c.lease[cl.c.home]
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			g, err := cl.c.lease[cl.c.home].LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: 3600})
+			call := r.now()
+			g, err := lc.LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl})
 			cancel()
 			cl.c.result(err)
 			if err != nil {
 				return
 			}
-			cl.leases = append(cl.leases, g.ID)
+			held := heldLease{id: g.ID}
+			if ttl < 3600 {
+				held.until = time.Now().Add(hold + time.Duration(g.TTL)*time.Second)
+				r.granted(g.ID, g.TTL, call, held.until)
+				go keepAlive(r, lc, g.ID, g.TTL, hold)
+			}
+			cl.leases = append(cl.leases, held)
 		}
-		in.lease = cl.leases[cl.rng.Intn(len(cl.leases))]
+		j := cl.rng.Intn(len(cl.leases))
+		if in.kind == opRevoke {
+			// Short leases are left to expire: revoke an hour-long one, if any.
+			if j = slices.IndexFunc(cl.leases, func(l heldLease) bool { return l.until.IsZero() }); j < 0 {
+				return
+			}
+		}
+		in.lease = cl.leases[j].id
+		if !cl.leases[j].until.IsZero() && !cl.leases[j].used {
+			in.key = nShared + cl.id%(nKeys-nShared)
+			cl.leases[j].used = true
+		}
 	}
 	if in.kind == opListAt {
 		cl.listAt(r, in.cmpMod, in.limit)
@@ -279,11 +366,33 @@ func (cl *client) do(r *recorder, in input) {
 }
 
 func (cl *client) dropLease(id int64) {
-	for j, l := range cl.leases {
-		if l == id {
-			cl.leases = append(cl.leases[:j], cl.leases[j+1:]...)
+	cl.leases = slices.DeleteFunc(cl.leases, func(l heldLease) bool { return l.id == id })
+}
+
+// keepAlive renews lease id every third of its TTL for `hold`, then lets it go; each renewal
+// acknowledged is recorded with the time its request was sent.
+func keepAlive(r *recorder, lc pb.LeaseClient, id, ttl int64, hold time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), hold)
+	defer cancel()
+	stream, err := lc.LeaseKeepAlive(ctx)
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(ttl) * time.Second / 3):
+		}
+		sent := r.now()
+		if stream.Send(&pb.LeaseKeepAliveRequest{ID: id}) != nil {
 			return
 		}
+		resp, err := stream.Recv()
+		if err != nil || resp.TTL <= 0 {
+			return
+		}
+		r.renewed(id, sent)
 	}
 }
 

@@ -37,6 +37,8 @@ func (e wevent) String() string {
 type item struct {
 	events   []wevent
 	progress int64
+	// at: when it arrived, on the recorder's clock.
+	at int64
 }
 
 // session is one Watch stream of a watcher, from its start revision until it broke, was
@@ -65,7 +67,13 @@ func (s *session) high() int64 {
 // breaks it watches again from the revision after the last it saw, through the next member.
 // Its streams require a leader, as Kubernetes' do.
 type watcher struct {
-	id       int
+	id int
+	// prefix: the keys it watches ("" for Prefix, all of them), and the revision it starts
+	// at (0: 1). A watcher of part of the keys is checked against those of all of them.
+	prefix string
+	from   int64
+	// clock is the recorder's.
+	clock    func() int64
 	mu       sync.Mutex
 	sessions []*session
 	events   int
@@ -75,6 +83,16 @@ func (w *watcher) current() *session {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.sessions[len(w.sessions)-1]
+}
+
+// seenTo is what the current session has seen everything up to (0 before the first).
+func (w *watcher) seenTo() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.sessions) == 0 {
+		return 0
+	}
+	return w.sessions[len(w.sessions)-1].high()
 }
 
 // caughtUp: the current session has seen everything up to rev.
@@ -87,7 +105,7 @@ func (w *watcher) caughtUp(rev int64) bool {
 
 func (w *watcher) run(addrs []string, stop <-chan struct{}, done *sync.WaitGroup) {
 	defer done.Done()
-	next, member := int64(1), w.id%len(addrs)
+	next, member := max(w.from, 1), w.id%len(addrs)
 	for {
 		s := &session{member: member, start: next}
 		w.mu.Lock()
@@ -128,7 +146,7 @@ func (w *watcher) session(addr string, s *session, stop <-chan struct{}) bool {
 	stream, err := pb.NewWatchClient(cc).Watch(ctx)
 	if err == nil {
 		err = stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
-			Key: []byte(Prefix), RangeEnd: prefixEnd(Prefix), StartRevision: s.start, PrevKv: true}}})
+			Key: []byte(w.keys()), RangeEnd: prefixEnd(w.keys()), StartRevision: s.start, PrevKv: true}}})
 	}
 	if err != nil {
 		s.end = err.Error()
@@ -157,7 +175,7 @@ func (w *watcher) session(addr string, s *session, stop <-chan struct{}) bool {
 				s.end = "canceled: " + resp.CancelReason
 			case resp.Created:
 			case len(resp.Events) > 0:
-				var it item
+				it := item{at: w.clock()}
 				for _, e := range resp.Events {
 					it.events = append(it.events, toEvent(e))
 				}
@@ -187,6 +205,28 @@ func (w *watcher) session(addr string, s *session, stop <-chan struct{}) bool {
 	}
 }
 
+// keys is the prefix the watcher watches.
+func (w *watcher) keys() string {
+	if w.prefix == "" {
+		return Prefix
+	}
+	return w.prefix
+}
+
+// partial: the watcher sees only some of the keys.
+func (w *watcher) partial() bool { return w.keys() != Prefix }
+
+// under: the events of evs on keys under prefix p.
+func under(evs []wevent, p string) []wevent {
+	var out []wevent
+	for _, e := range evs {
+		if e.key >= 0 && strings.HasPrefix(keyName(e.key), p) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 func toEvent(e *mvccpb.Event) wevent {
 	ev := wevent{rev: e.Kv.ModRevision, key: keyIndex(string(e.Kv.Key)), put: e.Type == mvccpb.PUT}
 	if ev.put {
@@ -205,8 +245,12 @@ type watchCheck struct {
 	final    state
 	complete bool
 	events   int
-	// union is every revision's events, as the watchers saw them.
-	union map[int64][]wevent
+	// union is every revision's events, as the watchers saw them; seenAt, when the first
+	// watcher saw each.
+	union  map[int64][]wevent
+	seenAt map[int64]int64
+	// expired: the leases found expired (their keys deleted at a revision only expiry explains).
+	expired int
 	// lists: the lists at a past revision checked; listsCompacted: of them, answered
 	// "compacted", rightly.
 	lists, listsCompacted int
@@ -228,7 +272,15 @@ func (c *watchCheck) fail(format string, args ...any) {
 // every page, their values and revisions, the first page's count; "compacted" only after a
 // compaction past it was asked for; never "future revision" (the client had seen it).
 func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, lists []pagedList, compactions []compaction) *watchCheck {
-	c := &watchCheck{}
+	c := &watchCheck{seenAt: map[int64]int64{}}
+	type partialSession struct {
+		name  string
+		keys  string
+		start int64
+		high  int64
+		seen  map[int64][]wevent
+	}
+	var partials []partialSession
 	union := map[int64][]wevent{}
 	from := map[int64]string{}
 	for _, w := range ws {
@@ -245,6 +297,9 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 					continue
 				}
 				for _, e := range it.events {
+					if at, ok := c.seenAt[e.rev]; !ok || it.at < at {
+						c.seenAt[e.rev] = it.at
+					}
 					c.events++
 					if e.rev < s.start {
 						c.fail("%s: event %s before the start", name, e)
@@ -268,6 +323,10 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 			if si == len(w.sessions)-1 && high < finalRev {
 				c.fail("%s: ended at %d, before the last revision %d", name, high, finalRev)
 			}
+			if w.partial() {
+				partials = append(partials, partialSession{name, w.keys(), s.start, high, seen})
+				continue
+			}
 			for r := max(s.start, 2); r <= high; r++ {
 				if len(seen[r]) == 0 {
 					c.fail("%s: missed revision %d (it has seen up to %d)", name, r, high)
@@ -283,6 +342,19 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 				}
 				union[r] = evs
 				from[r] = name
+			}
+		}
+	}
+	// A watcher of some keys sees, of every revision from its start to where it has seen,
+	// exactly the events the watchers of all keys saw on those keys.
+	for _, p := range partials {
+		for r := max(p.start, 2); r <= p.high; r++ {
+			all, ok := union[r]
+			if !ok {
+				continue
+			}
+			if want := under(all, p.keys); !slices.Equal(want, p.seen[r]) {
+				c.fail("%s: revision %d is %v, the watchers of every key saw %v", p.name, r, p.seen[r], want)
 			}
 		}
 	}
@@ -380,6 +452,9 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 	return c
 }
 
+// expiryClient is the client id porcupine shows lease expiries under.
+const expiryClient = 1 << 20
+
 // patch resolves writes of unknown outcome from the watchers' events, as etcd's robustness
 // suite does, so that porcupine need not try every place such a write could go. It runs only
 // when the events cover every revision.
@@ -394,7 +469,13 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 // no other unknown write could have made, it is a delete (revocation) at that revision.
 // Dropping or pinning one wrongly can only make porcupine fail, never pass a bad history:
 // every revision must still be explained by some operation.
-func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
+//
+// A deletion that no write explains, of every key on one short lease, is that lease's expiry:
+// an operation added to the history as a revocation at that revision, called when the lease
+// was granted and returned when a watcher first saw it. It must not be seen before the lease's
+// last renewal (or grant) plus its TTL; and no key may be attached to a lease at a revision
+// after it was revoked or expired.
+func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*leaseRec) []porcupine.Operation {
 	if !c.complete {
 		return history
 	}
@@ -490,7 +571,53 @@ func patch(history []porcupine.Operation, c *watchCheck) []porcupine.Operation {
 			}
 		}
 	}
-	var out []porcupine.Operation
+	// The revisions known revocations made, and when each lease ended.
+	revoked := map[int64]bool{}
+	ended := map[int64]int64{}
+	end := func(l, r int64) {
+		if e, ok := ended[l]; !ok || r < e {
+			ended[l] = r
+		}
+	}
+	for _, op := range history {
+		in, o := op.Input.(input), op.Output.(output)
+		if in.kind == opRevoke && !o.unknown {
+			revoked[o.rev] = true
+			end(in.lease, o.rev)
+		}
+	}
+	// Expiries: the deletions left, of one short lease's keys.
+	var expiries []porcupine.Operation
+	for _, r := range lost {
+		if revoked[r] || claims[r] > 0 {
+			continue
+		}
+		l := c.union[r][0].prev.lease
+		rec := leases[l]
+		if rec == nil || !could(input{kind: opRevoke, lease: l}, r) {
+			// Left unexplained: porcupine reports it.
+			continue
+		}
+		earliest := rec.renewed + rec.ttl*int64(time.Second)
+		if c.seenAt[r] < earliest {
+			c.fail("lease %x (TTL %ds) expired early: its keys were deleted at revision %d, seen %s before its TTL ran out after its last renewal",
+				l, rec.ttl, r, time.Duration(earliest-c.seenAt[r]))
+		}
+		c.expired++
+		end(l, r)
+		expiries = append(expiries, porcupine.Operation{ClientId: expiryClient, Input: input{kind: opRevoke, lease: l},
+			Call: rec.call, Output: output{rev: r}, Return: c.seenAt[r]})
+	}
+	for r, evs := range c.union {
+		for _, e := range evs {
+			if e.put && e.kv.lease != 0 {
+				if at, ok := ended[e.kv.lease]; ok && r > at {
+					c.fail("event %s: attached to lease %x, which ended at revision %d", e, e.kv.lease, at)
+				}
+			}
+		}
+	}
+	out := expiries
 	for i, op := range history {
 		in, o := op.Input.(input), op.Output.(output)
 		if o.unknown {

@@ -54,7 +54,20 @@ func main() {
 	faults := flag.String("faults", "all", "faults to inject, comma-separated, or all, or none")
 	check := flag.Duration("check-timeout", 5*time.Minute, "the most porcupine may take over one run's history")
 	dir := flag.String("dir", "", "where runs keep their data and logs (default a temporary directory; kept for failed runs)")
+	profiles := flag.String("profile", "both", "traffic: etcd, kubernetes, or both (runs alternate, etcd first)")
 	flag.Parse()
+	var use []robustness.Profile
+	switch *profiles {
+	case "both":
+		use = []robustness.Profile{robustness.Etcd, robustness.Kubernetes}
+	default:
+		p, ok := robustness.Profiles[*profiles]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "robustness: no profile %q\n", *profiles)
+			os.Exit(2)
+		}
+		use = []robustness.Profile{p}
+	}
 	if *bin == "" {
 		fmt.Fprintln(os.Stderr, "robustness: -bin is required")
 		os.Exit(2)
@@ -96,10 +109,11 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
-		fmt.Printf("run %d of %d: seed %d, %s, %d members, %s, in %s\n", k+1, *runs, s, filepath.Base(*bin), *members, *duration, runDir)
+		profile := use[k%len(use)]
+		fmt.Printf("run %d of %d: seed %d, %s, %d members, %s profile, %s, in %s\n", k+1, *runs, s, filepath.Base(*bin), *members, profile.Name, *duration, runDir)
 		rep, msg := run(robustness.Config{
 			Bin: *bin, Members: *members, Duration: *duration, Clients: *clients, Watchers: *watchers,
-			Faults: names, Seed: s, Dir: runDir, Mix: robustness.EtcdMix, CheckTimeout: *check,
+			Faults: names, Seed: s, Dir: runDir, Profile: profile, CheckTimeout: *check,
 		})
 		if msg != "" {
 			fmt.Printf("run %d: stopped: %s\n", k+1, msg)

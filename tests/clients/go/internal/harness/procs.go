@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // TB is what the harness needs of a test: *testing.T has it.
@@ -64,6 +65,7 @@ type Proc struct {
 	Log  string
 	mu   sync.Mutex
 	cmd  *exec.Cmd
+	env  []string
 }
 
 // StartProc starts bin with args, its output appended to dir/name.log; the process is killed
@@ -81,8 +83,13 @@ func (p *Proc) Start() {
 	if err != nil {
 		p.tb.Fatalf("%v", err)
 	}
-	cmd := exec.Command(p.bin, p.args...)
+	cmd := exec.Command(p.bin, p.Args()...)
 	cmd.Stdout, cmd.Stderr = f, f
+	p.mu.Lock()
+	if p.env != nil {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
+	p.mu.Unlock()
 	if err := cmd.Start(); err != nil {
 		p.tb.Fatalf("start %s: %v", p.Name, err)
 	}
@@ -131,6 +138,41 @@ func (p *Proc) Exited() (bool, string) {
 		return true, "exited"
 	}
 	return false, ""
+}
+
+// SetArgs changes the arguments of the next Start.
+func (p *Proc) SetArgs(args ...string) {
+	p.mu.Lock()
+	p.args = args
+	p.mu.Unlock()
+}
+
+// SetEnv sets variables (NAME=value) for the next Starts beside the test's own environment;
+// none, nothing more.
+func (p *Proc) SetEnv(vars ...string) {
+	p.mu.Lock()
+	p.env = vars
+	p.mu.Unlock()
+}
+
+// Wait waits up to d for the process to end on its own; whether it did (then it is reaped).
+func (p *Proc) Wait(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if gone, _ := p.Exited(); gone {
+			p.Kill()
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// Args are the arguments of the next Start.
+func (p *Proc) Args() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.args...)
 }
 
 // Restart kills and starts the process.
