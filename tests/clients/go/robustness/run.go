@@ -140,6 +140,48 @@ var Faults = map[string]func(f *faulter) string{
 		}
 		return fmt.Sprintf("failpoint %s (pass %d) on m%d", fp, n, i)
 	},
+	// A member's space runs out: restarted with a quota below its data file's size, the
+	// first write through it raises NOSPACE and the cluster refuses writes; then restarted
+	// with none and the alarm cleared, as an operator would once the disk has room.
+	"nospace": func(f *faulter) string {
+		i := f.target()
+		p := f.c.Members[i].P
+		args := p.Args()
+		p.Kill()
+		p.SetArgs(append(append([]string(nil), args...), "--quota-backend-bytes=4096")...)
+		p.Start()
+		// A lease grant through it (which, granted, changes no key): the quota refuses it and
+		// raises the alarm, as any write through the member would.
+		raised := false
+		if cl, err := clientv3.New(clientv3.Config{Endpoints: []string{f.c.Members[i].Direct}, DialTimeout: time.Second}); err == nil {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !raised; {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, err := cl.Grant(ctx, 60)
+				cancel()
+				raised = err != nil && strings.Contains(err.Error(), "database space exceeded")
+				if !raised {
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+			cl.Close()
+		}
+		p.Kill()
+		p.SetArgs(args...)
+		p.Start()
+		cl, err := f.admin()
+		if err != nil {
+			return fmt.Sprintf("nospace m%d: %v", i, err)
+		}
+		defer cl.Close()
+		err = retry(func(ctx context.Context) error { _, err := cl.AlarmDisarm(ctx, &clientv3.AlarmMember{}); return err })
+		if err != nil {
+			return fmt.Sprintf("nospace m%d: disarm: %v", i, err)
+		}
+		if !raised {
+			return fmt.Sprintf("nospace m%d: the quota refused nothing in 10 s", i)
+		}
+		return fmt.Sprintf("nospace m%d", i)
+	},
 	"pause": func(f *faulter) string {
 		i := f.target()
 		f.c.Members[i].P.Signal(syscall.SIGSTOP)
@@ -469,6 +511,17 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 			_, info := porcupine.CheckOperationsVerbose(model, hist, cfg.CheckTimeout)
 			porcupine.VisualizePath(model, info, path)
 		}
+		// The events every revision brought, beside the drawing.
+		var b strings.Builder
+		revs := make([]int64, 0, len(wc.union))
+		for r := range wc.union {
+			revs = append(revs, r)
+		}
+		sort.Slice(revs, func(i, j int) bool { return revs[i] < revs[j] })
+		for _, r := range revs {
+			fmt.Fprintf(&b, "%d %v\n", r, wc.union[r])
+		}
+		os.WriteFile(filepath.Join(cfg.Dir, "events.txt"), []byte(b.String()), 0o644)
 	}
 	rep.checkEnd(c, wc)
 }
@@ -534,6 +587,20 @@ func compactor(c *harness.Cluster, r *recorder, all []*watcher, stop <-chan stru
 		if err == nil || !strings.Contains(err.Error(), "compacted") {
 			r.compacted(rev, call)
 		}
+	}
+}
+
+// retry calls f (with a 5-second context) until it succeeds, for at most 30 s.
+func retry(f func(ctx context.Context) error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := f(ctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 

@@ -425,6 +425,10 @@ func noEffect(err error) bool {
 	case codes.Unavailable:
 		return strings.Contains(m, "connection refused") || strings.Contains(m, "server preface") ||
 			strings.Contains(m, "while dialing")
+	case codes.ResourceExhausted:
+		// Refused by the quota (NOSPACE): checked before the proposal, and again where
+		// entries are applied.
+		return strings.Contains(m, "database space exceeded")
 	case codes.DeadlineExceeded:
 		return strings.Contains(m, "while waiting for connections to become ready") ||
 			(strings.HasPrefix(m, "latest balancer error") && !strings.Contains(m, "error reading from server"))

@@ -571,7 +571,9 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 			}
 		}
 	}
-	// The revisions known revocations made, and when each lease ended.
+	// The revisions known revocations made, and when each lease ended. A revocation that
+	// deleted nothing answers the revision it found, which may be one an expiry made just
+	// before: only one whose revision deleted its keys made it.
 	revoked := map[int64]bool{}
 	ended := map[int64]int64{}
 	end := func(l, r int64) {
@@ -582,7 +584,9 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 	for _, op := range history {
 		in, o := op.Input.(input), op.Output.(output)
 		if in.kind == opRevoke && !o.unknown {
-			revoked[o.rev] = true
+			if _, deleted := c.union[o.rev]; deleted && could(in, o.rev) {
+				revoked[o.rev] = true
+			}
 			end(in.lease, o.rev)
 		}
 	}
