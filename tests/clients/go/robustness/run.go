@@ -173,7 +173,7 @@ var Faults = map[string]func(f *faulter) string{
 			return fmt.Sprintf("nospace m%d: %v", i, err)
 		}
 		defer cl.Close()
-		err = retry(func(ctx context.Context) error { _, err := cl.AlarmDisarm(ctx, &clientv3.AlarmMember{}); return err })
+		err = harness.Retry(func(ctx context.Context) error { _, err := cl.AlarmDisarm(ctx, &clientv3.AlarmMember{}); return err })
 		if err != nil {
 			return fmt.Sprintf("nospace m%d: disarm: %v", i, err)
 		}
@@ -587,20 +587,6 @@ func compactor(c *harness.Cluster, r *recorder, all []*watcher, stop <-chan stru
 		if err == nil || !strings.Contains(err.Error(), "compacted") {
 			r.compacted(rev, call)
 		}
-	}
-}
-
-// retry calls f (with a 5-second context) until it succeeds, for at most 30 s.
-func retry(f func(ctx context.Context) error) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := f(ctx)
-		cancel()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
 }
 

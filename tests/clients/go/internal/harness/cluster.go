@@ -278,7 +278,7 @@ func (c *Cluster) Replace(i int) error {
 		return fmt.Errorf("m%d's id %q: %v", i, m.ID, err)
 	}
 	m.P.Kill()
-	if err := retry(func(ctx context.Context) error { _, err := cl.MemberRemove(ctx, id); return err }); err != nil {
+	if err := Retry(func(ctx context.Context) error { _, err := cl.MemberRemove(ctx, id); return err }); err != nil {
 		m.P.Start()
 		return fmt.Errorf("remove m%d: %v", i, err)
 	}
@@ -290,7 +290,7 @@ func (c *Cluster) Replace(i int) error {
 	var added *clientv3.MemberAddResponse
 	// The strict reconfiguration check refuses an add until the leader has been connected to
 	// every voter for a while: try for 30 s.
-	err = retry(func(ctx context.Context) error {
+	err = Retry(func(ctx context.Context) error {
 		var err error
 		added, err = cl.MemberAdd(ctx, []string{peer})
 		return err
@@ -329,8 +329,8 @@ func (c *Cluster) directs(i int) []string {
 	return eps
 }
 
-// retry calls f (with a 5-second context) until it succeeds, for at most 30 s.
-func retry(f func(ctx context.Context) error) error {
+// Retry calls f (with a 5-second context) until it succeeds, for at most 30 s.
+func Retry(f func(ctx context.Context) error) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
