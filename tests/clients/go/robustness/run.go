@@ -193,7 +193,7 @@ var Faults = map[string]func(f *faulter) string{
 		i := f.target()
 		f.c.Isolate(i)
 		d := f.sleep(time.Second, 4*time.Second)
-		f.c.Heal()
+		f.c.Rejoin(i)
 		return fmt.Sprintf("isolate m%d %s", i, d.Round(time.Millisecond))
 	},
 	"oneway": func(f *faulter) string {
@@ -204,11 +204,15 @@ var Faults = map[string]func(f *faulter) string{
 			}
 		}
 		d := f.sleep(time.Second, 4*time.Second)
-		f.c.Heal()
+		for j := range f.c.Members {
+			if j != i {
+				f.c.Unblock(i, j)
+			}
+		}
 		return fmt.Sprintf("drop m%d's messages %s", i, d.Round(time.Millisecond))
 	},
 	"client-cut": func(f *faulter) string {
-		i := f.rng.Intn(len(f.c.Members))
+		i := f.target()
 		f.c.Members[i].ClientFwd.SetCut(true)
 		d := f.sleep(500*time.Millisecond, 2*time.Second)
 		f.c.Members[i].ClientFwd.SetCut(false)
@@ -257,7 +261,12 @@ var Faults = map[string]func(f *faulter) string{
 }
 
 // The faults that need more than one member.
-var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": true, "replace": true}
+var clusterOnly = map[string]bool{"isolate": true, "oneway": true, "transfer": true, "replace": true, "pair": true}
+
+func init() {
+	// Two faults at once (a map entry can name Faults only once it exists).
+	Faults["pair"] = pair
+}
 
 // faulter injects faults into one cluster.
 type faulter struct {
@@ -266,6 +275,35 @@ type faulter struct {
 	rec *recorder
 	// failpoints: the binary has kvd's failpoints compiled in.
 	failpoints bool
+	// fixed: the member a fault of a pair targets.
+	fixed *int
+}
+
+// Pairable are the faults "pair" combines: two at once, on two members.
+var Pairable = []string{"kill", "pause", "isolate", "oneway", "client-cut"}
+
+// pair injects two faults at once on two different members (the leader one time in two),
+// each with its own randomness; what both did.
+func pair(f *faulter) string {
+	n := len(f.c.Members)
+	a, b := Pairable[f.rng.Intn(len(Pairable))], Pairable[f.rng.Intn(len(Pairable))]
+	i := f.target()
+	j := (i + 1 + f.rng.Intn(n-1)) % n
+	var out [2]string
+	var wg sync.WaitGroup
+	for k, x := range []struct {
+		name string
+		at   int
+	}{{a, i}, {b, j}} {
+		sub := &faulter{c: f.c, rng: rand.New(rand.NewSource(f.rng.Int63())), rec: f.rec, fixed: &x.at}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[k] = Faults[x.name](sub)
+		}()
+	}
+	wg.Wait()
+	return out[0] + " + " + out[1]
 }
 
 // hasFailpoints: bin is kvd built with --features failpoints (its failpoints' names are in it).
@@ -274,8 +312,12 @@ func hasFailpoints(bin string) bool {
 	return err == nil && bytes.Contains(b, []byte("raft_before_snapshot_send"))
 }
 
-// target is the leader half the time, another member otherwise.
+// target is the member a pair gave this fault, or else the leader half the time and
+// another member otherwise.
 func (f *faulter) target() int {
+	if f.fixed != nil {
+		return *f.fixed
+	}
 	if l := f.c.Leader(); l >= 0 && f.rng.Intn(2) == 0 {
 		return l
 	}

@@ -97,7 +97,7 @@ func main() {
 		*seed = time.Now().UnixNano() % 1_000_000
 	}
 	bad := 0
-	var ops, unknown, events, injected, violations int
+	var ops, unknown, events, injected, violations, lists, expired int
 	for k := 0; k < *runs; k++ {
 		s := *seed + int64(k)
 		base := *dir
@@ -124,6 +124,8 @@ func main() {
 		ops += rep.Operations
 		unknown += rep.Unknown
 		events += rep.Events
+		lists += rep.Lists
+		expired += rep.Expired
 		injected += len(rep.Faults)
 		violations += len(rep.Violations)
 		if len(rep.Violations) > 0 {
@@ -133,8 +135,8 @@ func main() {
 			os.RemoveAll(runDir)
 		}
 	}
-	fmt.Printf("TOTAL %s, %d members, %d runs of %s: %d operations answered, %d of unknown outcome, %d watch events checked, %d faults injected, %d runs failed, %d violations\n",
-		filepath.Base(*bin), *members, *runs, *duration, ops, unknown, events, injected, bad, violations)
+	fmt.Printf("TOTAL %s, %d members, %d runs of %s: %d operations answered, %d of unknown outcome, %d watch events checked, %d lists at a revision checked, %d lease expiries checked, %d faults injected, %d runs failed, %d violations\n",
+		filepath.Base(*bin), *members, *runs, *duration, ops, unknown, events, lists, expired, injected, bad, violations)
 	if bad > 0 {
 		os.Exit(1)
 	}

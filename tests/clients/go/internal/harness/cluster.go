@@ -49,8 +49,9 @@ type Cluster struct {
 	tb      TB
 	Members []*Member
 	mu      sync.Mutex
-	// blocked[i][j]: connections member i opens to member j are held.
-	blocked map[[2]int]bool
+	// blocked[i][j] > 0: connections member i opens to member j are held (a count: faults
+	// that overlap each undo only their own).
+	blocked map[[2]int]int
 }
 
 // IsKvd: the binary is kvd (not etcd).
@@ -63,7 +64,7 @@ func StartCluster(tb TB, dir string, o Options) *Cluster {
 	if o.Token == "" {
 		o.Token = "harness"
 	}
-	c := &Cluster{tb: tb, blocked: map[[2]int]bool{}}
+	c := &Cluster{tb: tb, blocked: map[[2]int]int{}}
 	type addrs struct{ client, peer, advClient, advPeer string }
 	as := make([]addrs, o.Members)
 	var initial []string
@@ -126,12 +127,12 @@ func (c *Cluster) isBlocked(from string, to int) bool {
 	defer c.mu.Unlock()
 	for i, m := range c.Members {
 		if m.ID == from {
-			return c.blocked[[2]int{i, to}]
+			return c.blocked[[2]int{i, to}] > 0
 		}
 	}
 	// A request that names no sender is held only if `to` is cut off from every member.
 	for i := range c.Members {
-		if i != to && !c.blocked[[2]int{i, to}] {
+		if i != to && c.blocked[[2]int{i, to}] == 0 {
 			return false
 		}
 	}
@@ -151,18 +152,34 @@ func (c *Cluster) apply() {
 // `from` to `to`; for etcd, whatever travels on the connections `from` dials).
 func (c *Cluster) Block(from, to int) {
 	c.mu.Lock()
-	c.blocked[[2]int{from, to}] = true
+	c.blocked[[2]int{from, to}]++
+	c.mu.Unlock()
+	c.apply()
+}
+
+// Unblock undoes one Block(from, to).
+func (c *Cluster) Unblock(from, to int) {
+	c.mu.Lock()
+	if c.blocked[[2]int{from, to}] > 0 {
+		c.blocked[[2]int{from, to}]--
+	}
 	c.mu.Unlock()
 	c.apply()
 }
 
 // Isolate partitions member i from every other member, both ways.
-func (c *Cluster) Isolate(i int) {
+func (c *Cluster) Isolate(i int) { c.isolate(i, 1) }
+
+// Rejoin undoes one Isolate(i).
+func (c *Cluster) Rejoin(i int) { c.isolate(i, -1) }
+
+func (c *Cluster) isolate(i, by int) {
 	c.mu.Lock()
 	for j := range c.Members {
 		if j != i {
-			c.blocked[[2]int{i, j}] = true
-			c.blocked[[2]int{j, i}] = true
+			for _, p := range [][2]int{{i, j}, {j, i}} {
+				c.blocked[p] = max(c.blocked[p]+by, 0)
+			}
 		}
 	}
 	c.mu.Unlock()
@@ -172,7 +189,7 @@ func (c *Cluster) Isolate(i int) {
 // Heal ends every partition.
 func (c *Cluster) Heal() {
 	c.mu.Lock()
-	c.blocked = map[[2]int]bool{}
+	c.blocked = map[[2]int]int{}
 	c.mu.Unlock()
 	c.apply()
 }
