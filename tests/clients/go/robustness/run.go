@@ -470,8 +470,7 @@ func Run(tb harness.TB, cfg Config) *Report {
 			time.Sleep(100 * time.Millisecond)
 		}
 		if !w.caughtUp(rep.FinalRev) {
-			s := w.current()
-			rep.violate("watcher %d did not reach revision %d within 30 s (its stream on m%d has seen %d)", w.id, rep.FinalRev, s.member, s.high())
+			rep.violate("watcher %d (%s) did not reach revision %d within 30 s (it has seen %d)", w.id, w.keys(), rep.FinalRev, w.seenTo())
 		}
 	}
 	close(stopWatch)

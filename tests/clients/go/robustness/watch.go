@@ -79,12 +79,6 @@ type watcher struct {
 	events   int
 }
 
-func (w *watcher) current() *session {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.sessions[len(w.sessions)-1]
-}
-
 // seenTo is what the current session has seen everything up to (0 before the first).
 func (w *watcher) seenTo() int64 {
 	w.mu.Lock()
@@ -96,12 +90,7 @@ func (w *watcher) seenTo() int64 {
 }
 
 // caughtUp: the current session has seen everything up to rev.
-func (w *watcher) caughtUp(rev int64) bool {
-	s := w.current()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return s.high() >= rev
-}
+func (w *watcher) caughtUp(rev int64) bool { return w.seenTo() >= rev }
 
 func (w *watcher) run(addrs []string, stop <-chan struct{}, done *sync.WaitGroup) {
 	defer done.Done()
