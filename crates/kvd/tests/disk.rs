@@ -43,15 +43,11 @@ impl Tmpfs {
 
     /// Gives the filesystem room: `mib` in all.
     fn grow(&self, mib: u64) {
-        let out = Command::new("mount")
-            .args(["-o", &format!("remount,size={mib}m")])
-            .arg(&self.at)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run(
+            Command::new("mount")
+                .args(["-o", &format!("remount,size={mib}m")])
+                .arg(&self.at),
+            "remounting the tmpfs larger",
         );
     }
 }
