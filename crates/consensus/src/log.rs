@@ -179,10 +179,19 @@ impl raft::Storage for LogStore {
         Ok(self.last())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         match &self.prepared {
-            // Only a snapshot the log continues from: the follower needs the entries after it.
-            Some(s) if s.get_metadata().index >= request_index.max(self.offset) => Ok(s.clone()),
+            // Only a snapshot the log continues from (the follower needs the entries after
+            // it) and whose configuration holds the follower: raft-rs ignores one that does
+            // not, so a member added after it was made would be sent it again and again, and
+            // never catch up. One made now holds it: raft-rs sends to a member only once its
+            // addition is applied.
+            Some(s)
+                if s.get_metadata().index >= request_index.max(self.offset)
+                    && holds(s.get_metadata().get_conf_state(), to) =>
+            {
+                Ok(s.clone())
+            }
             _ => {
                 let want = self.wanted.get().unwrap_or(0).max(request_index);
                 self.wanted.set(Some(want));
@@ -192,6 +201,18 @@ impl raft::Storage for LogStore {
             }
         }
     }
+}
+
+/// Whether member `id` is in configuration `cs`, as a voter or a learner, now or joint.
+fn holds(cs: &ConfState, id: u64) -> bool {
+    [
+        &cs.voters,
+        &cs.learners,
+        &cs.voters_outgoing,
+        &cs.learners_next,
+    ]
+    .iter()
+    .any(|set| set.contains(&id))
 }
 
 #[cfg(test)]
@@ -230,5 +251,25 @@ mod tests {
         assert!(s.snapshot(9, 2).is_err());
         assert_eq!(s.take_wanted(), Some(9));
         assert_eq!(s.take_wanted(), None);
+    }
+
+    /// A member added after the prepared snapshot was made is not offered it (raft-rs would
+    /// ignore it): another is asked for.
+    #[test]
+    fn a_snapshot_is_offered_only_to_members_it_holds() {
+        let mut s = LogStore::new(5, 2, ConfState::default(), HardState::default());
+        s.append((6..=10).map(|i| e(i, 2)).collect());
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = 8;
+        snap.mut_metadata().term = 2;
+        snap.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        snap.mut_metadata().mut_conf_state().learners = vec![4];
+        s.set_prepared(snap);
+        for held in [2, 4] {
+            assert_eq!(s.snapshot(0, held).unwrap().get_metadata().index, 8);
+        }
+        assert_eq!(s.take_wanted(), None);
+        assert!(s.snapshot(0, 5).is_err());
+        assert_eq!(s.take_wanted(), Some(0));
     }
 }

@@ -38,6 +38,12 @@ pub(crate) fn not_leader() -> Status {
     Status::failed_precondition("etcdserver: not leader")
 }
 
+/// A keep-alive reached a member that thinks it leads but could not confirm it (etcd's
+/// `lease.ErrNotPrimary`, which etcd sends as it is: code Unknown).
+pub(crate) fn not_primary() -> Status {
+    Status::unknown("not a primary lessor")
+}
+
 pub(crate) fn not_supported_for_learner() -> Status {
     Status::failed_precondition("etcdserver: rpc not supported for learner")
 }

@@ -58,6 +58,15 @@ impl LeaseService {
     async fn renew(&self, id: LeaseId, fwd: &mut Option<Forward>) -> Result<i64, Status> {
         if self.core.is_leader() {
             *fwd = None;
+            // A leader renews only once a quorum confirms it still leads (a ReadIndex round,
+            // shared with the reads waiting): one cut off from the others or just resumed
+            // from a pause may not know yet that another leads, whose clock for this lease
+            // ran from its election; renewed here, the lease would expire there before its
+            // holder's TTL ran out. etcd checks this only on a member whose ticks stalled;
+            // kvd always does.
+            if self.core.linearize().await.is_err() || !self.core.is_leader() {
+                return Err(error::not_primary());
+            }
             return match self.core.backend.store().lease_renew(id, Instant::now()) {
                 Ok(r) => {
                     if r.checkpointed {

@@ -99,7 +99,12 @@ type output struct {
 	// unknown: a write whose outcome is not known (it failed in flight): it may have taken
 	// effect at any time after its call, or never.
 	unknown bool
-	rev     int64
+	// idleAt, on a write of unknown outcome: the run's final revision. Such a write that
+	// changes nothing where it is placed is the same as one never applied: it is placed only
+	// at the end, once the store reaches idleAt, never in the middle, where porcupine would
+	// otherwise try it at every point it changes nothing and keep both branches to the end.
+	idleAt int64
+	rev    int64
 	// get, the else branch of txn, the previous kv of put and delete.
 	kv kv
 	// list
@@ -156,6 +161,13 @@ func (s state) listing(limit int64) (keys []int, kvs []kv, count int64) {
 // after it.
 func step(s state, i input, o output) (bool, state) {
 	if o.unknown {
+		if o.idleAt > 0 {
+			if s.rev >= o.idleAt {
+				return true, s
+			}
+			after := apply(s, i)
+			return after.rev != s.rev, after
+		}
 		return true, apply(s, i)
 	}
 	switch i.kind {

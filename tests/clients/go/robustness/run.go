@@ -153,7 +153,7 @@ var Faults = map[string]func(f *faulter) string{
 		// A lease grant through it (which, granted, changes no key): the quota refuses it and
 		// raises the alarm, as any write through the member would.
 		raised := false
-		if cl, err := clientv3.New(clientv3.Config{Endpoints: []string{f.c.Members[i].Direct}, DialTimeout: time.Second}); err == nil {
+		if cl, err := harness.Client(time.Second, f.c.Members[i].Direct); err == nil {
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !raised; {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_, err := cl.Grant(ctx, 60)
@@ -338,14 +338,14 @@ func admin(c *harness.Cluster) (*clientv3.Client, error) {
 	for _, m := range c.Members {
 		eps = append(eps, m.Direct)
 	}
-	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second})
+	return harness.Client(2*time.Second, eps...)
 }
 
 // healthy waits until every member answers a linearizable read, for at most d.
 func (f *faulter) healthy(d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for _, m := range f.c.Members {
-		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Direct}, DialTimeout: time.Second})
+		cl, err := harness.Client(time.Second, m.Direct)
 		if err != nil {
 			return err
 		}
@@ -664,7 +664,7 @@ func (rep *Report) checkEnd(c *harness.Cluster, wc *watchCheck) {
 		} else if h.Hash != first.Hash || h.CompactRevision != first.CompactRevision {
 			rep.violate("m%d's HashKV at %d is %d (compacted at %d), m0's %d (at %d)", i, rep.FinalRev, h.Hash, h.CompactRevision, first.Hash, first.CompactRevision)
 		}
-		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].Direct}, DialTimeout: time.Second})
+		cl, err := harness.Client(time.Second, c.Members[i].Direct)
 		if err != nil {
 			continue
 		}

@@ -230,6 +230,8 @@ func toEvent(e *mvccpb.Event) wevent {
 // watchCheck is what the watch validation found.
 type watchCheck struct {
 	violations []string
+	// finalRev is the run's last revision.
+	finalRev int64
 	// The store replayed from every event seen, if the events cover every revision.
 	final    state
 	complete bool
@@ -261,7 +263,7 @@ func (c *watchCheck) fail(format string, args ...any) {
 // every page, their values and revisions, the first page's count; "compacted" only after a
 // compaction past it was asked for; never "future revision" (the client had seen it).
 func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, lists []pagedList, compactions []compaction) *watchCheck {
-	c := &watchCheck{seenAt: map[int64]int64{}}
+	c := &watchCheck{finalRev: finalRev, seenAt: map[int64]int64{}}
 	type partialSession struct {
 		name  string
 		keys  string
@@ -457,7 +459,9 @@ const expiryClient = 1 << 20
 // operation that changes nothing and whose answer is unknown fits anywhere); with one, that
 // no other unknown write could have made, it is a delete (revocation) at that revision.
 // Dropping or pinning one wrongly can only make porcupine fail, never pass a bad history:
-// every revision must still be explained by some operation.
+// every revision must still be explained by some operation. A write pinned to a revision
+// returned, at the latest, when a watcher first saw that revision; one left unknown is placed
+// where it changes something or at the end, as never applied (output.idleAt).
 //
 // A deletion that no write explains, of every key on one short lease, is that lease's expiry:
 // an operation added to the history as a revocation at that revision, called when the lease
@@ -621,6 +625,7 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 					continue
 				}
 				op.Output = output{rev: e.rev, kv: e.prev, succeeded: true}
+				op.Return = c.seenAt[e.rev]
 			case opDelete, opRevoke:
 				rs := cands[i]
 				if len(rs) == 0 {
@@ -628,6 +633,9 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 				}
 				if len(rs) == 1 && claims[rs[0]] == 1 {
 					op.Output = output{rev: rs[0], deleted: 1, kv: c.union[rs[0]][0].prev}
+					op.Return = c.seenAt[rs[0]]
+				} else {
+					op.Output = output{unknown: true, idleAt: c.finalRev}
 				}
 			}
 		}

@@ -12,6 +12,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Options of a cluster.
@@ -202,7 +203,7 @@ func (c *Cluster) Status() []*clientv3.StatusResponse {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Direct}, DialTimeout: time.Second})
+			cl, err := Client(time.Second, m.Direct)
 			if err != nil {
 				return
 			}
@@ -236,7 +237,7 @@ func (c *Cluster) MoveLeader(to int) error {
 		return fmt.Errorf("no leader")
 	}
 	id, _ := strconv.ParseUint(c.Members[to].ID, 16, 64)
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[l].Direct}, DialTimeout: time.Second})
+	cl, err := Client(time.Second, c.Members[l].Direct)
 	if err != nil {
 		return err
 	}
@@ -249,7 +250,7 @@ func (c *Cluster) MoveLeader(to int) error {
 
 // HashKV is member i's hash of its keys at rev.
 func (c *Cluster) HashKV(i int, rev int64) (*pb.HashKVResponse, error) {
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].Direct}, DialTimeout: time.Second})
+	cl, err := Client(time.Second, c.Members[i].Direct)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +266,7 @@ func (c *Cluster) HashKV(i int, rev int64) (*pb.HashKVResponse, error) {
 
 // Alarms are the alarms raised in the cluster, as member i lists them.
 func (c *Cluster) Alarms(i int) ([]*pb.AlarmMember, error) {
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Members[i].Direct}, DialTimeout: time.Second})
+	cl, err := Client(time.Second, c.Members[i].Direct)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +286,7 @@ func (c *Cluster) Alarms(i int) ([]*pb.AlarmMember, error) {
 // suite replaces a member.
 func (c *Cluster) Replace(i int) error {
 	m := c.Members[i]
-	cl, err := clientv3.New(clientv3.Config{Endpoints: c.directs(i), DialTimeout: 2 * time.Second})
+	cl, err := Client(2*time.Second, c.directs(i)...)
 	if err != nil {
 		return err
 	}
@@ -400,10 +401,16 @@ func WaitReady(tb TB, endpoint string, p *Proc) {
 	}
 }
 
+// Client is a clientv3 client of the endpoints that logs nothing: under faults clientv3 logs
+// every retry, thousands of lines that bury a run's report.
+func Client(dial time.Duration, endpoints ...string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dial, Logger: zap.NewNop()})
+}
+
 // AdminClient is a clientv3 client of the endpoints, closed when the test ends.
 func AdminClient(tb TB, endpoints ...string) *clientv3.Client {
 	tb.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second})
+	c, err := Client(2*time.Second, endpoints...)
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
