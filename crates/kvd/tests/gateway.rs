@@ -32,18 +32,12 @@ fn http_watching(
     stream_for: Option<Duration>,
     mut seen: impl FnMut(&[u8]),
 ) -> (u16, String) {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut s = send(url, method, path, body);
     let mut raw = Vec::new();
     match stream_for {
         None => {
-            s.read_to_end(&mut raw).unwrap();
+            s.read_to_end(&mut raw)
+                .unwrap_or_else(|e| panic!("{method} {path} {body:.100} at {url}: {e}"));
         }
         Some(d) => {
             let deadline = Instant::now() + d;
@@ -62,7 +56,40 @@ fn http_watching(
             }
         }
     }
-    let resp = String::from_utf8_lossy(&raw).to_string();
+    parse(&raw)
+}
+
+/// A connection with the request written on it.
+fn send(url: &str, method: &str, path: &str, body: &str) -> TcpStream {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// As [`http`] (no stream), for the reference server: a request whose connection was reset is
+/// made again. etcd sometimes resets the connection of a request it answers 404 without
+/// reading its body; that is not what is compared.
+fn http_reference(url: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    for _ in 0..5 {
+        let mut raw = Vec::new();
+        match send(url, method, path, body).read_to_end(&mut raw) {
+            Ok(_) => return parse(&raw),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("{method} {path} {body:.100} at {url}: {e}"),
+        }
+    }
+    panic!("{method} {path} {body:.100} at {url}: reset five times")
+}
+
+/// (status, body) of a raw HTTP/1.1 answer; a chunked body's JSON lines one per line.
+fn parse(raw: &[u8]) -> (u16, String) {
+    let resp = String::from_utf8_lossy(raw).to_string();
     let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
     let (head, rest) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
     let chunked = head
@@ -209,10 +236,16 @@ const MALFORMED: &[(&str, &str)] = &[
     ("/v3/lease/grant", r#"{"TTL":"x"}"#),
 ];
 
-fn run(url: &str) -> Vec<String> {
+/// The script's answers from the server at `url`; `reference`: it is etcd (see
+/// [`http_reference`]).
+fn run(url: &str, reference: bool) -> Vec<String> {
     let mut out = Vec::new();
     for (path, body) in SCRIPT {
-        let (code, resp) = http(url, "POST", path, body, None);
+        let (code, resp) = if reference {
+            http_reference(url, "POST", path, body)
+        } else {
+            http(url, "POST", path, body, None)
+        };
         out.push(format!("POST {path} {body}\n{code} {}", normalized(&resp)));
     }
     // Values over --max-request-bytes (etcd's refusal) and over gRPC's receive limit
@@ -295,8 +328,9 @@ fn the_json_gateway_answers_as_etcds() {
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
     let (e, _etcd) = Proc::single_etcd(dir.path());
-    let want = run(&e.client);
-    let got = run(&k.client);
+    println!("kvd at {}, etcd at {}", k.client, e.client);
+    let want = run(&e.client, true);
+    let got = run(&k.client, false);
     common::assert_same_answers(&want, &got);
     // Not vacuous: both size limits answered (etcd's text, then grpc-go's with the sizes)...
     let all = want.join("\n");

@@ -196,7 +196,6 @@ fn a_cluster_under_random_faults_keeps_every_guarantee() {
             "TestShortProfileUnderFaults",
             "TestShortProfileUnderFaults/validators",
             "TestKubernetesProfileUnderFaults",
-            "TestUnknownDeletesArePlacedWhereTheyChangeSomething",
         ],
     );
     // The run's report, for the test's output.

@@ -79,9 +79,12 @@ const (
 	opRevoke
 	// opListAt: a paginated list at revision cmpMod (not in the model: see pagedList).
 	opListAt
+	// opEnd: the end of a range of revisions checked alone (see checkKV): the store must be
+	// output.end.
+	opEnd
 )
 
-var kindNames = [...]string{"get", "list", "put", "delete", "txn", "revoke", "list-at"}
+var kindNames = [...]string{"get", "list", "put", "delete", "txn", "revoke", "list-at", "end"}
 
 type input struct {
 	kind  opKind
@@ -99,12 +102,9 @@ type output struct {
 	// unknown: a write whose outcome is not known (it failed in flight): it may have taken
 	// effect at any time after its call, or never.
 	unknown bool
-	// idleAt, on a write of unknown outcome: the run's final revision. Such a write that
-	// changes nothing where it is placed is the same as one never applied: it is placed only
-	// at the end, once the store reaches idleAt, never in the middle, where porcupine would
-	// otherwise try it at every point it changes nothing and keep both branches to the end.
-	idleAt int64
-	rev    int64
+	// end: the store an opEnd must find.
+	end state
+	rev int64
 	// get, the else branch of txn, the previous kv of put and delete.
 	kv kv
 	// list
@@ -161,13 +161,6 @@ func (s state) listing(limit int64) (keys []int, kvs []kv, count int64) {
 // after it.
 func step(s state, i input, o output) (bool, state) {
 	if o.unknown {
-		if o.idleAt > 0 {
-			if s.rev >= o.idleAt {
-				return true, s
-			}
-			after := apply(s, i)
-			return after.rev != s.rev, after
-		}
 		return true, apply(s, i)
 	}
 	switch i.kind {
@@ -193,6 +186,8 @@ func step(s state, i input, o output) (bool, state) {
 	case opRevoke:
 		after := apply(s, i)
 		return o.rev == after.rev, after
+	case opEnd:
+		return s == o.end, s
 	}
 	return false, s
 }
@@ -252,6 +247,8 @@ var model = porcupine.Model{
 			what += fmt.Sprintf(" m%d ? put %s", i.cmpMod, i.value)
 		case opRevoke:
 			what = fmt.Sprintf("revoke(%x", i.lease)
+		case opEnd:
+			return fmt.Sprintf("end: %s", o.end)
 		}
 		if i.lease != 0 && i.kind != opRevoke {
 			what += fmt.Sprintf(" l%x", i.lease)

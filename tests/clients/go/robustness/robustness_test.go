@@ -86,20 +86,20 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 	// A stale read: a get called after a put of its key returned, answered with the value
 	// and revision from before that put.
 	stale := -1
-	for i, op := range hist {
+	for i, op := range rep.patched {
 		in, out := op.Input.(input), op.Output.(output)
 		if in.kind != opGet || out.unknown || out.kv.mod < 2 {
 			continue
 		}
-		for _, w := range hist {
+		for _, w := range rep.patched {
 			wi, wo := w.Input.(input), w.Output.(output)
 			if wi.kind == opPut && !wo.unknown && wi.key == in.key && wo.rev == out.kv.mod && w.Return < op.Call {
 				stale = i
-				h := append([]porcupine.Operation(nil), hist...)
+				h := append([]porcupine.Operation(nil), rep.patched...)
 				o := out
 				o.kv, o.rev = wo.kv, wo.rev-1
 				h[i].Output = o
-				if res := porcupine.CheckOperationsTimeout(model, h, time.Minute); res != porcupine.Illegal {
+				if res := checkKV(h, rep.wc, time.Minute).result; res != porcupine.Illegal {
 					t.Errorf("porcupine passed a stale read (%s): %s", res, model.DescribeOperation(in, o))
 				}
 				break
@@ -111,6 +111,27 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 	}
 	if stale < 0 {
 		t.Errorf("no read in the run to make stale")
+	}
+	// A read at its own revision answered with a value no write made: porcupine finds it in
+	// the range of revisions it is checked in.
+	wrong := false
+	for i, op := range rep.patched {
+		in, out := op.Input.(input), op.Output.(output)
+		if in.kind != opGet || out.unknown || out.kv.mod == 0 || i < len(rep.patched)/2 {
+			continue
+		}
+		h := append([]porcupine.Operation(nil), rep.patched...)
+		out.kv.value += "-changed"
+		h[i].Output = out
+		kc := checkKV(h, rep.wc, time.Minute)
+		if kc.result != porcupine.Illegal || kc.why != "" || kc.bad == nil {
+			t.Errorf("porcupine passed a read of a value never written (%s, %d ranges): %s", kc.result, kc.windows, model.DescribeOperation(in, out))
+		}
+		wrong = true
+		break
+	}
+	if !wrong {
+		t.Errorf("no read in the run to answer wrongly")
 	}
 	// Watch events dropped, duplicated; a write lost.
 	mutate := func(name, want string, f func(ws []*watcher) bool) {

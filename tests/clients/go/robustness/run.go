@@ -47,9 +47,11 @@ type Report struct {
 	FinalRev                    int64
 	Linearizable                porcupine.CheckResult
 	// Unresolved: writes of unknown outcome left so after the watchers' events were read.
-	Unresolved  int
-	Violations  []string
-	history     []porcupine.Operation
+	Unresolved int
+	Violations []string
+	history    []porcupine.Operation
+	// patched: the history with the writes of unknown outcome resolved (patch).
+	patched     []porcupine.Operation
 	lists       []pagedList
 	compactions []compaction
 	leases      map[int64]*leaseRec
@@ -58,11 +60,14 @@ type Report struct {
 	// Lists at a past revision checked, and of them answered "compacted".
 	Lists, ListsCompacted int
 	watchers              []*watcher
-	Elapsed               time.Duration
-	checkTime             time.Duration
-	members               int
-	bin                   string
-	profile               string
+	// wc: what the watch check found (the store at every revision, for checkKV).
+	wc           *watchCheck
+	Elapsed      time.Duration
+	checkTime    time.Duration
+	checkWindows int
+	members      int
+	bin          string
+	profile      string
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -77,8 +82,8 @@ func (r *Report) Summary() string {
 	fmt.Fprintf(&b, "faults (%d): %s\n", len(r.Faults), strings.Join(r.Faults, ", "))
 	fmt.Fprintf(&b, "lists at a past revision checked: %d (%d of them compacted away); short leases granted %d, seen to expire %d\n",
 		r.Lists, r.ListsCompacted, len(r.leases), r.Expired)
-	fmt.Fprintf(&b, "watch: %d events in %d sessions checked; linearizability: %s (%s, %d writes of unknown outcome left); violations: %d\n",
-		r.Events, r.Sessions, r.Linearizable, r.checkTime.Round(time.Millisecond), r.Unresolved, len(r.Violations))
+	fmt.Fprintf(&b, "watch: %d events in %d sessions checked; linearizability: %s (%s, %d ranges of revisions, %d writes of unknown outcome left); violations: %d\n",
+		r.Events, r.Sessions, r.Linearizable, r.checkTime.Round(time.Millisecond), r.checkWindows, r.Unresolved, len(r.Violations))
 	for _, v := range r.Violations {
 		fmt.Fprintf(&b, "  VIOLATION: %s\n", v)
 	}
@@ -517,6 +522,7 @@ func finalRevision(c *harness.Cluster) int64 {
 // validate checks the recorded histories and the members' final state.
 func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 	wc := checkWatches(rep.watchers, rep.FinalRev, rep.history, rep.lists, rep.compactions)
+	rep.wc = wc
 	rep.Events = wc.events
 	rep.Lists, rep.ListsCompacted = wc.lists, wc.listsCompacted
 	for _, w := range rep.watchers {
@@ -531,6 +537,7 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 	t0 := time.Now()
 	before := len(wc.violations)
 	hist := patch(rep.history, wc, rep.leases)
+	rep.patched = hist
 	for _, v := range wc.violations[before:] {
 		rep.violate("leases: %s", v)
 	}
@@ -540,17 +547,23 @@ func (rep *Report) validate(cfg Config, c *harness.Cluster) {
 			rep.Unresolved++
 		}
 	}
-	// The verbose check (which keeps what the drawing needs) is far slower: it runs only to
-	// draw a history found wrong.
-	res := porcupine.CheckOperationsTimeout(model, hist, cfg.CheckTimeout)
-	rep.checkTime = time.Since(t0)
+	kc := checkKV(hist, wc, cfg.CheckTimeout)
+	res := kc.result
+	rep.checkTime, rep.checkWindows = time.Since(t0), kc.windows
 	rep.Linearizable = res
 	if res != porcupine.Ok {
 		path := filepath.Join(cfg.Dir, "history.html")
-		rep.violate("the KV history is %s (porcupine; drawn in %s)", res, path)
-		if res == porcupine.Illegal {
-			_, info := porcupine.CheckOperationsVerbose(model, hist, cfg.CheckTimeout)
-			porcupine.VisualizePath(model, info, path)
+		switch {
+		case kc.why != "":
+			rep.violate("the KV history is not linearizable: %s", kc.why)
+		case res == porcupine.Illegal:
+			// The verbose check (which keeps what the drawing needs) is far slower: it runs
+			// only to draw the piece found wrong.
+			rep.violate("the KV history is Illegal (porcupine; the range of revisions found so drawn in %s)", path)
+			_, info := porcupine.CheckOperationsVerbose(kc.badModel, kc.bad, cfg.CheckTimeout)
+			porcupine.VisualizePath(kc.badModel, info, path)
+		default:
+			rep.violate("the KV history is %s (porcupine ran out of time)", res)
 		}
 		// The events every revision brought, beside the drawing.
 		var b strings.Builder

@@ -479,6 +479,9 @@ func (r *recorder) kindCounts() string {
 	defer r.mu.Unlock()
 	var parts []string
 	for k, n := range r.byKind {
+		if opKind(k) == opEnd {
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("%s %d", kindNames[k], n))
 	}
 	sort.Strings(parts)

@@ -232,6 +232,8 @@ type watchCheck struct {
 	violations []string
 	// finalRev is the run's last revision.
 	finalRev int64
+	// checkpoints: the replayed store at every checkpointEvery-th revision (see stateAt).
+	checkpoints map[int64]state
 	// The store replayed from every event seen, if the events cover every revision.
 	final    state
 	complete bool
@@ -263,7 +265,7 @@ func (c *watchCheck) fail(format string, args ...any) {
 // every page, their values and revisions, the first page's count; "compacted" only after a
 // compaction past it was asked for; never "future revision" (the client had seen it).
 func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, lists []pagedList, compactions []compaction) *watchCheck {
-	c := &watchCheck{finalRev: finalRev, seenAt: map[int64]int64{}}
+	c := &watchCheck{finalRev: finalRev, seenAt: map[int64]int64{}, checkpoints: map[int64]state{}}
 	type partialSession struct {
 		name  string
 		keys  string
@@ -431,6 +433,9 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 			}
 		}
 		s.rev = r
+		if r%checkpointEvery == 0 {
+			c.checkpoints[r] = s
+		}
 		for _, l := range listsAt[r] {
 			c.checkList(l, s, compactions)
 		}
@@ -443,6 +448,33 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 	return c
 }
 
+// checkpointEvery: how often the replay keeps the store, for stateAt.
+const checkpointEvery = 512
+
+// stateAt is the store the events replay to at revision r (r <= 1: the empty store); the
+// events must cover every revision.
+func (c *watchCheck) stateAt(r int64) state {
+	base := r - r%checkpointEvery
+	s, ok := c.checkpoints[base]
+	if !ok {
+		s = state{rev: 1}
+	}
+	for rr := s.rev + 1; rr <= r; rr++ {
+		for _, e := range c.union[rr] {
+			if e.key < 0 {
+				continue
+			}
+			if e.put {
+				s.kvs[e.key] = e.kv
+			} else {
+				s.kvs[e.key] = kv{}
+			}
+		}
+		s.rev = rr
+	}
+	return s
+}
+
 // expiryClient is the client id porcupine shows lease expiries under.
 const expiryClient = 1 << 20
 
@@ -452,22 +484,25 @@ const expiryClient = 1 << 20
 //
 // A put (or a transaction's put) whose value was seen is a put at that revision; one never
 // seen never took effect (or, for a transaction, took its else branch, which changes nothing)
-// and leaves the history. A delete, or a revocation, can only have made a deletion that no
-// write with a known answer explains, of its key (of keys on its lease), at a revision after
-// every known answer returned before its call and before any known answer at or past that
-// revision returned: with no such deletion it changed nothing and leaves the history (an
-// operation that changes nothing and whose answer is unknown fits anywhere); with one, that
-// no other unknown write could have made, it is a delete (revocation) at that revision.
-// Dropping or pinning one wrongly can only make porcupine fail, never pass a bad history:
-// every revision must still be explained by some operation. A write pinned to a revision
-// returned, at the latest, when a watcher first saw that revision; one left unknown is placed
-// where it changes something or at the end, as never applied (output.idleAt).
+// and leaves the history.
 //
-// A deletion that no write explains, of every key on one short lease, is that lease's expiry:
-// an operation added to the history as a revocation at that revision, called when the lease
-// was granted and returned when a watcher first saw it. It must not be seen before the lease's
-// last renewal (or grant) plus its TTL; and no key may be attached to a lease at a revision
-// after it was revoked or expired.
+// A deletion that no write with a known answer explains, of every key on one short lease,
+// seen once the lease's TTL had run out after its last renewal (or grant), is that lease's
+// expiry: an operation added to the history as a revocation at that revision, called when the
+// lease was granted and returned when a watcher first saw it.
+//
+// A delete, or a revocation, of unknown outcome can only have made one of the deletions left,
+// of its key (of keys on its lease), at a revision after every known answer returned before
+// its call and before any known answer at or past that revision returned. The deletions left
+// are matched to such writes, each to its own; a write matched is pinned to that revision, the
+// others changed nothing and leave the history. A deletion no such write can take is an
+// expiry seen too early (reported), or unexplained (porcupine reports it). No write is left of
+// unknown outcome, so that porcupine can check the history in ranges of revisions (checkKV).
+//
+// Dropping or pinning a write wrongly can only make porcupine fail, never pass a bad history:
+// every revision must still be explained by some operation. A write pinned to a revision
+// returned, at the latest, when a watcher first saw that revision. No key may be attached to a
+// lease at a revision after it was revoked or expired.
 func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*leaseRec) []porcupine.Operation {
 	if !c.complete {
 		return history
@@ -548,22 +583,6 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 		}
 		return true
 	}
-	// Each unknown delete's and revocation's candidate revisions, and how many may claim each.
-	cands := map[int][]int64{}
-	claims := map[int64]int{}
-	for i, op := range history {
-		in, o := op.Input.(input), op.Output.(output)
-		if !o.unknown || (in.kind != opDelete && in.kind != opRevoke) {
-			continue
-		}
-		lo := after(op.Call)
-		for _, r := range lost {
-			if r > lo && seen(r) > op.Call && could(in, r) {
-				cands[i] = append(cands[i], r)
-				claims[r]++
-			}
-		}
-	}
 	// The revisions known revocations made, and when each lease ended. A revocation that
 	// deleted nothing answers the revision it found, which may be one an expiry made just
 	// before: only one whose revision deleted its keys made it.
@@ -583,20 +602,20 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 			end(in.lease, o.rev)
 		}
 	}
-	// Expiries: the deletions left, of one short lease's keys.
+	// A deletion of every key on one short lease, seen once its TTL had run out after its last
+	// renewal, is its expiry.
 	var expiries []porcupine.Operation
-	for _, r := range lost {
-		if revoked[r] || claims[r] > 0 {
-			continue
-		}
+	expiry := func(r int64, early bool) bool {
 		l := c.union[r][0].prev.lease
 		rec := leases[l]
 		if rec == nil || !could(input{kind: opRevoke, lease: l}, r) {
-			// Left unexplained: porcupine reports it.
-			continue
+			return false
 		}
 		earliest := rec.renewed + rec.ttl*int64(time.Second)
 		if c.seenAt[r] < earliest {
+			if !early {
+				return false
+			}
 			c.fail("lease %x (TTL %ds) expired early: its keys were deleted at revision %d, seen %s before its TTL ran out after its last renewal",
 				l, rec.ttl, r, time.Duration(earliest-c.seenAt[r]))
 		}
@@ -604,6 +623,51 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 		end(l, r)
 		expiries = append(expiries, porcupine.Operation{ClientId: expiryClient, Input: input{kind: opRevoke, lease: l},
 			Call: rec.call, Output: output{rev: r}, Return: c.seenAt[r]})
+		return true
+	}
+	var left []int64
+	for _, r := range lost {
+		if !revoked[r] && !expiry(r, false) {
+			left = append(left, r)
+		}
+	}
+	// The deletions left are matched to the deletes and revocations of unknown outcome that
+	// could have made them (augmenting paths): each one matched is pinned to its revision,
+	// the rest changed nothing and leave the history. Which of two that could have made a
+	// deletion is pinned to it does not matter: either fits every known answer.
+	cands := map[int64][]int{}
+	for i, op := range history {
+		in, o := op.Input.(input), op.Output.(output)
+		if !o.unknown || (in.kind != opDelete && in.kind != opRevoke) {
+			continue
+		}
+		lo := after(op.Call)
+		for _, r := range left {
+			if r > lo && seen(r) > op.Call && could(in, r) {
+				cands[r] = append(cands[r], i)
+			}
+		}
+	}
+	pinned := map[int]int64{}
+	var augment func(r int64, tried map[int]bool) bool
+	augment = func(r int64, tried map[int]bool) bool {
+		for _, i := range cands[r] {
+			if tried[i] {
+				continue
+			}
+			tried[i] = true
+			if prev, ok := pinned[i]; !ok || augment(prev, tried) {
+				pinned[i] = r
+				return true
+			}
+		}
+		return false
+	}
+	for _, r := range left {
+		if !augment(r, map[int]bool{}) {
+			// An early expiry, or left unexplained: porcupine reports it.
+			expiry(r, true)
+		}
 	}
 	for r, evs := range c.union {
 		for _, e := range evs {
@@ -627,16 +691,12 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 				op.Output = output{rev: e.rev, kv: e.prev, succeeded: true}
 				op.Return = c.seenAt[e.rev]
 			case opDelete, opRevoke:
-				rs := cands[i]
-				if len(rs) == 0 {
+				r, ok := pinned[i]
+				if !ok {
 					continue
 				}
-				if len(rs) == 1 && claims[rs[0]] == 1 {
-					op.Output = output{rev: rs[0], deleted: 1, kv: c.union[rs[0]][0].prev}
-					op.Return = c.seenAt[rs[0]]
-				} else {
-					op.Output = output{unknown: true, idleAt: c.finalRev}
-				}
+				op.Output = output{rev: r, deleted: 1, kv: c.union[r][0].prev}
+				op.Return = c.seenAt[r]
 			}
 		}
 		out = append(out, op)
