@@ -52,7 +52,7 @@ func main() {
 	clients := flag.Int("clients", 6, "clients, each with its own connections")
 	watchers := flag.Int("watchers", 3, "watchers of every key")
 	faults := flag.String("faults", "all", "faults to inject, comma-separated, or all, or none")
-	check := flag.Duration("check-timeout", 2*time.Minute, "the most porcupine may take over one run's history (its memory grows with the time it takes: a 5-minute Kubernetes-profile history once took 24 GB before it was stopped)")
+	check := flag.Duration("check-timeout", 2*time.Minute, "the most porcupine may take over one run's history, in all its ranges of revisions (past it the run fails as unchecked)")
 	dir := flag.String("dir", "", "where runs keep their data and logs (default a temporary directory; kept for failed runs)")
 	profiles := flag.String("profile", "both", "traffic: etcd, kubernetes, or both (runs alternate, etcd first)")
 	flag.Parse()
