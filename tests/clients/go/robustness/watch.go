@@ -493,11 +493,12 @@ const expiryClient = 1 << 20
 //
 // A delete, or a revocation, of unknown outcome can only have made one of the deletions left,
 // of its key (of keys on its lease), at a revision after every known answer returned before
-// its call and before any known answer at or past that revision returned. The deletions left
-// are matched to such writes, each to its own; a write matched is pinned to that revision, the
-// others changed nothing and leave the history. A deletion no such write can take is an
-// expiry seen too early (reported), or unexplained (porcupine reports it). No write is left of
-// unknown outcome, so that porcupine can check the history in ranges of revisions (checkKV).
+// its call, and seen (by any answer at or past that revision, or a watcher) only after its
+// call. The deletions left are matched to such writes, each to its own; a write matched is
+// pinned to that revision, the others changed nothing and leave the history. A deletion no
+// such write can take is an expiry seen too early (reported), or unexplained (porcupine
+// reports it). No write is left of unknown outcome, so that porcupine can check the history in
+// ranges of revisions (checkKV).
 //
 // Dropping or pinning a write wrongly can only make porcupine fail, never pass a bad history:
 // every revision must still be explained by some operation. A write pinned to a revision
@@ -643,7 +644,7 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 		}
 		lo := after(op.Call)
 		for _, r := range left {
-			if r > lo && seen(r) > op.Call && could(in, r) {
+			if r > lo && seen(r) > op.Call && c.seenAt[r] > op.Call && could(in, r) {
 				cands[r] = append(cands[r], i)
 			}
 		}
