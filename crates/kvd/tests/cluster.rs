@@ -95,6 +95,15 @@ async fn writer(
     failures
 }
 
+/// Grants lease `id` of `ttl` seconds at `m`.
+async fn grant(m: &Addrs, id: i64, ttl: i64) {
+    let req = api::etcdserverpb::LeaseGrantRequest { ttl, id };
+    api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&m.client))
+        .lease_grant(req)
+        .await
+        .unwrap();
+}
+
 /// The lease's (remaining, granted) TTL as `m` answers it.
 async fn lease_ttl(m: &Addrs, id: i64) -> (i64, i64) {
     let req = api::etcdserverpb::LeaseTimeToLiveRequest { id, keys: false };
@@ -181,13 +190,7 @@ fn leader_killed_under_load_loses_nothing_and_members_agree() {
     let old = rt.block_on(leader(&ms, &live));
     // A 60 s lease, checkpointed every 500 ms while its clock runs on this leader.
     const LEASE: i64 = 0x60;
-    rt.block_on(async {
-        let grant = api::etcdserverpb::LeaseGrantRequest { ttl: 60, id: LEASE };
-        api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&ms[old].client))
-            .lease_grant(grant)
-            .await
-            .unwrap();
-    });
+    rt.block_on(grant(&ms[old], LEASE, 60));
     rt.block_on(checkpointed(&ms, old, LEASE, 57));
 
     let acked = Arc::new(Acked::default());
@@ -527,11 +530,7 @@ fn a_leader_cut_off_renews_no_lease() {
     let l = rt.block_on(leader(&ms, &[true; 3]));
     const LEASE: i64 = 0x1ea5e;
     rt.block_on(async {
-        let grant = api::etcdserverpb::LeaseGrantRequest { ttl: 30, id: LEASE };
-        api::etcdserverpb::lease_client::LeaseClient::new(grpc::channel(&ms[l].client))
-            .lease_grant(grant)
-            .await
-            .unwrap();
+        grant(&ms[l], LEASE, 30).await;
         assert_eq!(keep_alive_once(&ms[l], LEASE).await, Ok(30));
     });
     // Nothing reaches the leader from the others now; it still thinks it leads.

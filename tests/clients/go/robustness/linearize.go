@@ -40,8 +40,9 @@ type kvCheck struct {
 //     alone, from that store, with an operation added that must come after all of the
 //     range's and find the store as the events left it at the range's end.
 //
-// Ranges are cut only where no write left unknown could have made revisions on both sides.
-// Without events for every revision, porcupine checks the history in one piece.
+// patch leaves no write of unknown outcome once the events cover every revision (one left
+// would keep the rest of the history in its range). Without events for every revision,
+// porcupine checks the history in one piece.
 func checkKV(hist []porcupine.Operation, c *watchCheck, timeout time.Duration) kvCheck {
 	if !c.complete {
 		res := porcupine.CheckOperationsTimeout(model, hist, timeout)
