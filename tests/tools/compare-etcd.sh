@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # kvd against etcd v3.6.5 under etcd's own `benchmark` tool, in one run on this machine: in
 # the clear (plain), over mutual TLS (tls), and over mutual TLS with auth on and a token
-# (tls-auth). Each workload runs against a fresh single-member etcd and a fresh single-member
-# kvd, taking turns, both given the same certificates (made here with openssl: an EC P-256
-# CA, a server certificate for 127.0.0.1 and a client certificate), and prints for both:
-# requests/s, p99 latency and the server process's own CPU time per request (user+sys), then
-# kvd/etcd for throughput (above 1: kvd is faster) and etcd/kvd for CPU (above 1: kvd is
-# leaner).
+# (tls-auth). Each workload runs against a fresh etcd and a fresh kvd of MEMBERS members
+# (default 1) on loopback, taking turns, both given the same certificates (made here with
+# openssl: an EC P-256 CA, a server certificate for 127.0.0.1 and a client certificate), the
+# load spread over every member, and prints for both: requests/s, p99 latency and the
+# servers' own CPU time per request (user+sys, summed over the members: replication's cost
+# included), then kvd/etcd for throughput (above 1: kvd is faster) and etcd/kvd for CPU
+# (above 1: kvd is leaner), and last each server's peak resident memory (VmHWM summed over
+# the members, MiB).
 # Usage:  compare-etcd.sh path/to/kvd [workload ...]
-#   workloads: put1 put100 range-l range-s (default: put100 range-l range-s)
-#   MODES="plain tls tls-auth" (default: all three); SCALE=0.2 shortens every workload.
+#   workloads: put1 put100 range-l range-s txn-put watch (default: put100 range-l range-s)
+#   MODES="plain tls tls-auth" (default: all three); MEMBERS=3 for three-member clusters;
+#   SCALE=0.2 shortens every workload.
 # Needs: go (tests/tools/etcd-tools.sh builds etcd, etcdctl and benchmark once), openssl.
 set -euo pipefail
 kvd=$(readlink -f "${1:?usage: compare-etcd.sh path/to/kvd [workload ...]}"); shift
@@ -21,8 +24,9 @@ command -v openssl >/dev/null || { echo "compare-etcd.sh needs openssl" >&2; exi
 scale=${SCALE:-1}
 n() { awk -v a="$1" -v s="$scale" 'BEGIN{v=int(a*s); if (v<100) v=100; print v}'; }
 work=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+members=${MEMBERS:-1}
+pids=()
+cleanup() { local p; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
 # The certificates.
@@ -40,25 +44,33 @@ tls_flags="--cacert $pki/ca.pem --cert $pki/client.pem --key $pki/client.key"
 client_tls= ep=
 ctl() { "$bin/etcdctl" --endpoints "$ep" $client_tls "$@"; }
 
-start() { # server-binary mode -> starts it, waits until it takes a write, sets up auth
-  local exe=$1 mode=$2 d=$work/data-$RANDOM server_tls=()
+start() { # server-binary mode -> starts $members members, waits until they take a write, sets up auth
+  local exe=$1 mode=$2 d=$work/data-$RANDOM server_tls=() scheme=http cluster= i
   if [ "$mode" = plain ]; then
-    ep=http://127.0.0.1:23790 client_tls=
+    client_tls=
   else
-    ep=https://127.0.0.1:23790 client_tls=$tls_flags
+    scheme=https client_tls=$tls_flags
     server_tls=(--cert-file "$pki/server.pem" --key-file "$pki/server.key"
       --trusted-ca-file "$pki/ca.pem" --client-cert-auth)
   fi
-  "$exe" --name bench --data-dir "$d" \
-    --listen-client-urls "$ep" --advertise-client-urls "$ep" \
-    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-    --initial-cluster bench=http://127.0.0.1:23800 "${server_tls[@]}" >"$work/server.log" 2>&1 &
-  pid=$!
+  ep=
+  for ((i = 0; i < members; i++)); do
+    cluster+="${cluster:+,}m$i=http://127.0.0.1:$((23800 + i))"
+    ep+="${ep:+,}$scheme://127.0.0.1:$((23790 + i))"
+  done
+  for ((i = 0; i < members; i++)); do
+    local client=$scheme://127.0.0.1:$((23790 + i)) peer=http://127.0.0.1:$((23800 + i))
+    "$exe" --name "m$i" --data-dir "$d/m$i" \
+      --listen-client-urls "$client" --advertise-client-urls "$client" \
+      --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+      --initial-cluster "$cluster" "${server_tls[@]}" >"$work/server-$i.log" 2>&1 &
+    pids+=($!)
+  done
   for _ in $(seq 150); do
     ctl --dial-timeout 500ms --command-timeout 1s put __ready__ 1 >/dev/null 2>&1 && break
     sleep 0.1
   done
-  ctl put foo bar >/dev/null || { echo "$exe did not start; its log:" >&2; tail -20 "$work/server.log" >&2; exit 1; }
+  ctl put foo bar >/dev/null || { echo "$exe did not start; its log:" >&2; tail -20 "$work/server-0.log" >&2; exit 1; }
   if [ "$mode" = tls-auth ]; then
     ctl user add root --new-user-password=rootpw >/dev/null
     ctl role add root >/dev/null
@@ -66,11 +78,13 @@ start() { # server-binary mode -> starts it, waits until it takes a write, sets 
     ctl auth enable >/dev/null
   fi
 }
-stop() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=; }
+stop() { local p; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; pids=(); }
+# The servers' CPU ticks (user+sys) and peak resident memory (MiB), summed over the members.
+ticks() { local p t=0; for p in "${pids[@]}"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
+peak_mib() { local p k=0; for p in "${pids[@]}"; do k=$((k + $(awk '/^VmHWM/{print $2}' "/proc/$p/status"))); done; echo $((k / 1024)); }
 hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$pid/stat"; }
 
-run() { # workload mode -> "rps p99ms cpu-us-per-request"
+run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
   local B="$bin/benchmark --endpoints $ep $client_tls" out t0 t1 total
   [ "$2" = tls-auth ] && B="$B --user root:rootpw"
   t0=$(ticks)
@@ -79,6 +93,11 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request"
     put100)  out=$($B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total "$(n 60000)" 2>&1) ;;
     range-l) out=$($B --conns 10 --clients 100 range foo --consistency l --total "$(n 60000)" 2>&1) ;;
     range-s) out=$($B --conns 10 --clients 100 range foo --consistency s --total "$(n 60000)" 2>&1) ;;
+    txn-put) out=$($B --conns 10 --clients 100 txn-put --key-size 8 --val-size 256 --txn-ops 4 \
+               --key-space-size 100000 --total "$(n 20000)" 2>&1) ;;
+    # 1,000 watchers of one key in 10 streams; every put is 1,000 events.
+    watch)   out=$($B --conns 10 --clients 10 watch --watched-key-total 1000 --streams 10 \
+               --watch-per-stream 100 --put-total "$(n 20000)" --put-rate 0 2>&1) ;;
     *) echo "unknown workload $1" >&2; exit 2 ;;
   esac
   t1=$(ticks)
@@ -88,16 +107,17 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request"
   p99=$(printf '%s\n' "$out" | tr '\r' '\n' | awk '/99% in/{v=$3} END{printf "%.2f", v*1000}')
   cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$total" 'BEGIN{ if (n>0) printf "%.1f", (b-a)/hz*1e6/n; else print 0}')
   [ "$rps" = 0 ] && { echo "no requests/s from the benchmark:" >&2; printf '%s\n' "$out" | tail -5 >&2; }
-  echo "$rps $p99 $cpu"
+  echo "$rps $p99 $cpu $(peak_mib)"
 }
 
-printf '%-8s %-8s | %9s %7s %7s | %9s %7s %7s | %9s %9s\n' mode workload etcd-rps p99-ms cpu-us kvd-rps p99-ms cpu-us rps-ratio cpu-ratio
+printf '%-8s %-8s | %9s %7s %7s | %9s %7s %7s | %9s %9s | %8s %8s\n' mode workload etcd-rps p99-ms cpu-us kvd-rps p99-ms cpu-us rps-ratio cpu-ratio etcd-MiB kvd-MiB
 for mode in $modes; do
   for w in $workloads; do
-    start "$bin/etcd" "$mode"; read -r e_rps e_p99 e_cpu < <(run "$w" "$mode"); stop
-    start "$kvd" "$mode";      read -r k_rps k_p99 k_cpu < <(run "$w" "$mode"); stop
+    start "$bin/etcd" "$mode"; read -r e_rps e_p99 e_cpu e_mib < <(run "$w" "$mode"); stop
+    start "$kvd" "$mode";      read -r k_rps k_p99 k_cpu k_mib < <(run "$w" "$mode"); stop
     ratio=$(awk -v k="$k_rps" -v e="$e_rps" 'BEGIN{ if (e>0) printf "%.2f", k/e; else print "n/a"}')
     cratio=$(awk -v k="$k_cpu" -v e="$e_cpu" 'BEGIN{ if (k>0) printf "%.2f", e/k; else print "n/a"}')
-    printf '%-8s %-8s | %9.0f %7s %7s | %9.0f %7s %7s | %9s %9s\n' "$mode" "$w" "$e_rps" "$e_p99" "$e_cpu" "$k_rps" "$k_p99" "$k_cpu" "$ratio" "$cratio"
+    printf '%-8s %-8s | %9.0f %7s %7s | %9.0f %7s %7s | %9s %9s | %8s %8s\n' "$mode" "$w" "$e_rps" "$e_p99" "$e_cpu" \
+      "$k_rps" "$k_p99" "$k_cpu" "$ratio" "$cratio" "$e_mib" "$k_mib"
   done
 done
