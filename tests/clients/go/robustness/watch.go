@@ -242,6 +242,9 @@ type watchCheck struct {
 	// watcher saw each.
 	union  map[int64][]wevent
 	seenAt map[int64]int64
+	// leaseGone: the revisions that deleted every key then on one lease, and nothing else
+	// (what its revocation or expiry would have done), and that lease.
+	leaseGone map[int64]int64
 	// expired: the leases found expired (their keys deleted at a revision only expiry explains).
 	expired int
 	// lists: the lists at a past revision checked; listsCompacted: of them, answered
@@ -265,7 +268,8 @@ func (c *watchCheck) fail(format string, args ...any) {
 // every page, their values and revisions, the first page's count; "compacted" only after a
 // compaction past it was asked for; never "future revision" (the client had seen it).
 func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, lists []pagedList, compactions []compaction) *watchCheck {
-	c := &watchCheck{finalRev: finalRev, seenAt: map[int64]int64{}, checkpoints: map[int64]state{}}
+	c := &watchCheck{finalRev: finalRev, seenAt: map[int64]int64{}, checkpoints: map[int64]state{},
+		leaseGone: map[int64]int64{}}
 	type partialSession struct {
 		name  string
 		keys  string
@@ -432,6 +436,9 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 				c.fail("revision %d deleted keys of lease %x but left k%d", r, v.lease, k)
 			}
 		}
+		if l := leaseDeleted(evs, s); l != 0 {
+			c.leaseGone[r] = l
+		}
 		s.rev = r
 		if r%checkpointEvery == 0 {
 			c.checkpoints[r] = s
@@ -446,6 +453,26 @@ func checkWatches(ws []*watcher, finalRev int64, history []porcupine.Operation, 
 	c.final = s
 	c.union = union
 	return c
+}
+
+// leaseDeleted is the lease whose keys evs, a revision's events, all deleted, leaving none on
+// it in s, the store after them; 0 if they did anything else.
+func leaseDeleted(evs []wevent, s state) int64 {
+	if len(evs) == 0 || evs[0].put || evs[0].prev.lease == 0 {
+		return 0
+	}
+	l := evs[0].prev.lease
+	for _, e := range evs {
+		if e.put || e.prev.lease != l {
+			return 0
+		}
+	}
+	for _, v := range s.kvs {
+		if v.mod != 0 && v.lease == l {
+			return 0
+		}
+	}
+	return l
 }
 
 // checkpointEvery: how often the replay keeps the store, for stateAt.
@@ -577,12 +604,8 @@ func patch(history []porcupine.Operation, c *watchCheck, leases map[int64]*lease
 		if in.kind == opDelete {
 			return len(evs) == 1 && evs[0].key == in.key
 		}
-		for _, e := range evs {
-			if e.put || e.prev.lease != in.lease {
-				return false
-			}
-		}
-		return true
+		// A revocation or expiry deletes every key on its lease, and nothing else.
+		return c.leaseGone[r] == in.lease
 	}
 	// The revisions known revocations made, and when each lease ended. A revocation that
 	// deleted nothing answers the revision it found, which may be one an expiry made just
