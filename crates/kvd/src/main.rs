@@ -3,6 +3,8 @@
 
 mod client_port;
 mod config;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 mod gates;
 mod listen;
 mod peer_port;
@@ -94,6 +96,8 @@ fn init_logging(level: &str, format: &str) -> Result<()> {
 }
 fn serve(f: ServeFlags) -> Result<()> {
     init_logging(&f.log_level, &f.log_format)?;
+    #[cfg(feature = "failpoints")]
+    failpoints::serve_from_env()?;
     let p = plan(&f)?;
     std::fs::create_dir_all(p.member_dir.join("snap"))
         .map_err(|e| format!("{}: {e}", p.member_dir.display()))?;
