@@ -38,6 +38,8 @@ pub fn serve_from_env() -> Result<(), String> {
 
 /// Reads one request and answers it; the connection is closed after.
 fn answer(conn: TcpStream) -> std::io::Result<()> {
+    // A client that sends nothing holds the endpoint no longer than this.
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut r = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     r.read_line(&mut line)?;
