@@ -185,14 +185,10 @@ fn a_leader_behind_its_followers_raises_no_false_corrupt_alarm() {
     }
     let ep = ms[0].endpoint();
     ctl_ok(&ep, &["put", "k", "v0"]);
-    let status = ctl_ok(&ep, &["endpoint", "status", "-w", "json"]);
-    let leader = common::json_number(&status, "leader").expect("a leader");
+    let leader = common::status_number(&ep, "leader");
     let l = ms
         .iter()
-        .position(|m| {
-            let s = ctl_ok(&m.endpoint(), &["endpoint", "status", "-w", "json"]);
-            common::json_number(&s, "member_id") == Some(leader)
-        })
+        .position(|m| common::status_number(&m.endpoint(), "member_id") == leader)
         .expect("the leader among the members");
     // The leader's next apply sleeps 4 s; its followers apply the put meanwhile.
     arm(&fps[l], "raft_before_apply", "1*sleep(4000)");
