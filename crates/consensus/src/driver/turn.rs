@@ -77,8 +77,9 @@ impl<O: Send + 'static> Driver<O> {
         d.fail_everything();
     }
 
-    /// A turn on a proposer's thread, for the proposals queued for one ([`Shared::queued`]);
-    /// with the loop ended (`None`, or failed), they are failed. A failure stops the node, as
+    /// A turn on a proposer's thread, for the proposals queued for one ([`Shared::queued`]),
+    /// or on a receiver's, for peer messages ([`Shared::stepped`]); with the loop ended
+    /// (`None`, or failed), what waits is failed. A failure stops the node, as
     /// on the raft thread.
     pub(crate) fn take_queued(slot: &mut Option<Self>, shared: &Shared<O>) {
         match slot {
@@ -98,8 +99,9 @@ impl<O: Send + 'static> Driver<O> {
         }
     }
 
-    /// One turn: the commands, the proposals queued for a turn, a tick if one is due (only the
-    /// raft thread keeps time), then one Ready (one WAL write and fsync for all of it).
+    /// One turn: the commands, the peer messages and proposals queued for a turn, a tick if
+    /// one is due (only the raft thread keeps time), then one Ready (one WAL write and fsync
+    /// for all of it).
     /// `Ok(false)`: stop.
     pub(super) fn turn(&mut self, cmds: &mut dyn Iterator<Item = Cmd>, tick: bool) -> Result<bool> {
         if self.ended {
@@ -109,6 +111,10 @@ impl<O: Send + 'static> Driver<O> {
             if !self.handle(cmd)? {
                 return Ok(false);
             }
+        }
+        let stepped = mem::take(&mut *self.shared.stepped.lock());
+        for m in stepped {
+            self.step(m);
         }
         self.propose_queued();
         if tick {
@@ -137,6 +143,7 @@ impl<O: Send + 'static> Driver<O> {
 
     pub(super) fn fail_everything(&mut self) {
         self.shared.queued.lock().clear();
+        self.shared.stepped.lock().clear();
         self.shared.fail_all(|| Error::Stopped);
         let changes = self.changes.drain().map(|(_, r)| r);
         for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
@@ -179,7 +186,6 @@ impl<O: Send + 'static> Driver<O> {
                     });
                 }
             }
-            Cmd::Step(m) => self.step(m),
             Cmd::TransferLeader(id) => self.raw.transfer_leader(id),
             Cmd::Campaign => {
                 if let Err(e) = self.raw.campaign() {

@@ -140,14 +140,13 @@ impl Peer for PeerService {
                 }
                 let bytes: usize = batch.messages.iter().map(Vec::len).sum();
                 received.inc_by(bytes as u64);
+                let mut msgs = Vec::with_capacity(batch.messages.len());
                 for raw in &batch.messages {
                     match Message::parse_from_bytes(raw) {
                         Ok(m)
                             if m.to == me.id.0 && m.get_msg_type() != MessageType::MsgSnapshot =>
                         {
-                            if me.inbox.step(m).is_err() {
-                                return;
-                            }
+                            msgs.push(m);
                         }
                         Ok(m) => tracing::warn!(
                             to = m.to,
@@ -162,6 +161,10 @@ impl Peer for PeerService {
                             return;
                         }
                     }
+                }
+                // One turn of the Ready loop for the batch, on this task's thread when free.
+                if me.inbox.step_all(msgs).is_err() {
+                    return;
                 }
             }
         });
