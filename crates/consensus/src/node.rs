@@ -715,8 +715,13 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
         if msgs.is_empty() {
             return Ok(());
         }
+        // A snapshot's restore (the whole state machine) stays on the raft thread.
+        let inline = !msgs
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
         self.shared.stepped.lock().extend(msgs);
-        match self.driver.try_lock() {
+        let slot = if inline { self.driver.try_lock() } else { None };
+        match slot {
             Some(mut slot) => {
                 let live = slot.is_some();
                 // With the loop ended this fails what waits, as the raft thread's end does.
