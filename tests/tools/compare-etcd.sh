@@ -12,7 +12,8 @@
 # Usage:  compare-etcd.sh path/to/kvd [workload ...]
 #   workloads: put1 put100 range-l range-s txn-put watch (default: put100 range-l range-s)
 #   MODES="plain tls tls-auth" (default: all three); MEMBERS=3 for three-member clusters;
-#   SCALE=0.2 shortens every workload.
+#   SCALE=0.2 shortens every workload; AGAINST=path/to/other-kvd takes etcd's place (an A/B
+#   of two builds: the "etcd" columns are then that build's).
 # Needs: go (tests/tools/etcd-tools.sh builds etcd, etcdctl and benchmark once), openssl.
 set -euo pipefail
 kvd=$(readlink -f "${1:?usage: compare-etcd.sh path/to/kvd [workload ...]}"); shift
@@ -22,6 +23,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh" --with-benchmark)
 command -v openssl >/dev/null || { echo "compare-etcd.sh needs openssl" >&2; exit 2; }
 scale=${SCALE:-1}
+against=$(readlink -f "${AGAINST:-$bin/etcd}")
 n() { awk -v a="$1" -v s="$scale" 'BEGIN{v=int(a*s); if (v<100) v=100; print v}'; }
 work=$(mktemp -d)
 members=${MEMBERS:-1}
@@ -113,7 +115,7 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
 printf '%-8s %-8s | %9s %7s %7s | %9s %7s %7s | %9s %9s | %8s %8s\n' mode workload etcd-rps p99-ms cpu-us kvd-rps p99-ms cpu-us rps-ratio cpu-ratio etcd-MiB kvd-MiB
 for mode in $modes; do
   for w in $workloads; do
-    start "$bin/etcd" "$mode"; read -r e_rps e_p99 e_cpu e_mib < <(run "$w" "$mode"); stop
+    start "$against" "$mode"; read -r e_rps e_p99 e_cpu e_mib < <(run "$w" "$mode"); stop
     start "$kvd" "$mode";      read -r k_rps k_p99 k_cpu k_mib < <(run "$w" "$mode"); stop
     ratio=$(awk -v k="$k_rps" -v e="$e_rps" 'BEGIN{ if (e>0) printf "%.2f", k/e; else print "n/a"}')
     cratio=$(awk -v k="$k_cpu" -v e="$e_cpu" 'BEGIN{ if (k>0) printf "%.2f", e/k; else print "n/a"}')
