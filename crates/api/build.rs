@@ -4,7 +4,11 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not baked in when it is compiled: two checkouts sharing a
+    // target directory share the compiled script.
+    let root =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").ok_or("CARGO_MANIFEST_DIR unset")?)
+            .join("../../proto");
     let files = [
         "etcd/api/mvccpb/kv.proto",
         "etcd/api/authpb/auth.proto",
