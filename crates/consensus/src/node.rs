@@ -303,6 +303,9 @@ pub(crate) struct Shared<O> {
     /// Messages from peers waiting for the next turn: taken on the thread that received them
     /// when the loop is free (see [`Inbox::step_all`]), else by the raft thread.
     pub(crate) stepped: Mutex<Vec<Message>>,
+    /// Linearizable reads waiting for the next turn to join a round (see
+    /// [`RaftNode::read_index`]).
+    pub(crate) reads_queued: Mutex<Vec<oneshot::Sender<Result<u64>>>>,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -374,7 +377,6 @@ pub(crate) enum Cmd {
         change: Change,
         reply: oneshot::Sender<Result<Members>>,
     },
-    ReadIndex(oneshot::Sender<Result<u64>>),
     TransferLeader(u64),
     Campaign,
     Unreachable(u64),
@@ -476,6 +478,7 @@ impl<O: Send + 'static> RaftNode<O> {
             sole_leader: AtomicBool::new(false),
             queued: Mutex::new(Vec::new()),
             stepped: Mutex::new(Vec::new()),
+            reads_queued: Mutex::new(Vec::new()),
         });
         let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;
         let driver = Arc::new(Mutex::new(Some(driver)));
@@ -541,16 +544,26 @@ impl<O: Send + 'static> RaftNode<O> {
     /// Reads waiting together share one round of heartbeats; a leader that is the only voter
     /// answers at once when it has applied its commit index.
     pub fn read_index(&self) -> impl Future<Output = Result<RaftIndex>> + Send + 'static {
-        // Ok: a read point now; Err: the raft thread's answer to wait for.
+        // Ok: a read point now; Err: the answer to wait for, after a turn of the Ready loop
+        // that asks for it (on this thread when the loop is free, as for a sole leader's
+        // proposals: the round's messages leave with no hand-off to the raft thread).
         let point = self.shared.sole_read_point().ok_or_else(|| {
             let (tx, rx) = oneshot::channel();
-            let _ = self.send(Cmd::ReadIndex(tx));
-            rx
+            self.shared.reads_queued.lock().push(tx);
+            let turn = QueuedTurn {
+                driver: self.driver.clone(),
+                shared: self.shared.clone(),
+                state: TurnState::Yield,
+            };
+            (turn, rx)
         });
         async move {
             match point {
                 Ok(index) => Ok(RaftIndex(index)),
-                Err(rx) => rx.await.unwrap_or(Err(Error::Stopped)).map(RaftIndex),
+                Err((turn, rx)) => {
+                    turn.await;
+                    rx.await.unwrap_or(Err(Error::Stopped)).map(RaftIndex)
+                }
             }
         }
     }

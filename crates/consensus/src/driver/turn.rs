@@ -6,6 +6,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
 use raft::eraftpb::{
     ConfChange, ConfChangeSingle, ConfChangeV2, Entry, EntryType, Message, MessageType,
@@ -94,6 +95,9 @@ impl<O: Send + 'static> Driver<O> {
             }
             _ => {
                 shared.queued.lock().clear();
+                for reply in mem::take(&mut *shared.reads_queued.lock()) {
+                    let _ = reply.send(Err(Error::Stopped));
+                }
                 shared.fail_all(|| Error::Stopped);
             }
         }
@@ -116,6 +120,10 @@ impl<O: Send + 'static> Driver<O> {
         for m in stepped {
             self.step(m);
         }
+        let reads = mem::take(&mut *self.shared.reads_queued.lock());
+        for reply in reads {
+            self.queue_read(reply);
+        }
         self.propose_queued();
         if tick {
             self.raw.tick();
@@ -134,6 +142,18 @@ impl<O: Send + 'static> Driver<O> {
         Ok(true)
     }
 
+    /// A linearizable read joins the next round of heartbeats.
+    pub(super) fn queue_read(&mut self, reply: oneshot::Sender<Result<u64>>) {
+        if self.removed {
+            let _ = reply.send(Err(Error::Removed));
+        } else {
+            self.reads_pending.push(ReadWaiter {
+                reply,
+                deadline: deadline(self.cfg.request_timeout),
+            });
+        }
+    }
+
     pub(super) fn propose_queued(&mut self) {
         let queued = mem::take(&mut *self.shared.queued.lock());
         for (seq, data) in queued {
@@ -144,6 +164,9 @@ impl<O: Send + 'static> Driver<O> {
     pub(super) fn fail_everything(&mut self) {
         self.shared.queued.lock().clear();
         self.shared.stepped.lock().clear();
+        for reply in mem::take(&mut *self.shared.reads_queued.lock()) {
+            let _ = reply.send(Err(Error::Stopped));
+        }
         self.shared.fail_all(|| Error::Stopped);
         let changes = self.changes.drain().map(|(_, r)| r);
         for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
@@ -176,16 +199,6 @@ impl<O: Send + 'static> Driver<O> {
         match cmd {
             Cmd::Propose { seq, data } => self.propose(seq, data),
             Cmd::Change { change, reply } => self.change(change, reply),
-            Cmd::ReadIndex(reply) => {
-                if self.removed {
-                    let _ = reply.send(Err(Error::Removed));
-                } else {
-                    self.reads_pending.push(ReadWaiter {
-                        reply,
-                        deadline: deadline(self.cfg.request_timeout),
-                    });
-                }
-            }
             Cmd::TransferLeader(id) => self.raw.transfer_leader(id),
             Cmd::Campaign => {
                 if let Err(e) = self.raw.campaign() {
