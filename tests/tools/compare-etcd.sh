@@ -107,7 +107,7 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
   local rps p99 cpu
   rps=$(printf '%s\n' "$out" | tr '\r' '\n' | awk '/Requests\/sec:/{v=$2} END{print v+0}')
   p99=$(printf '%s\n' "$out" | tr '\r' '\n' | awk '/99% in/{v=$3} END{printf "%.2f", v*1000}')
-  cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$total" 'BEGIN{ if (n>0) printf "%.1f", (b-a)/hz*1e6/n; else print 0}')
+  cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$total" 'BEGIN{ if (n>0) printf "%.2f", (b-a)/hz*1e6/n; else print 0}')
   [ "$rps" = 0 ] && { echo "no requests/s from the benchmark:" >&2; printf '%s\n' "$out" | tail -5 >&2; }
   echo "$rps $p99 $cpu $(peak_mib)"
 }
