@@ -728,7 +728,9 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
         if msgs.is_empty() {
             return Ok(());
         }
-        // A snapshot's restore (the whole state machine) stays on the raft thread.
+        // A snapshot from the leader is left to the raft thread: installing it saves it and
+        // marks the WAL (two fsyncs a client's worker should not wait for; the restore itself
+        // is the apply thread's). Another receiver's turn that starts first takes it too.
         let inline = !msgs
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
