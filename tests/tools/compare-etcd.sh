@@ -112,7 +112,9 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
   echo "$rps $p99 $cpu $(peak_mib)"
 }
 
-printf '%-8s %-8s | %9s %7s %7s | %9s %7s %7s | %9s %9s | %8s %8s\n' mode workload etcd-rps p99-ms cpu-us kvd-rps p99-ms cpu-us rps-ratio cpu-ratio etcd-MiB kvd-MiB
+base=etcd
+[ -n "${AGAINST:-}" ] && base=base # the other build's columns
+printf '%-8s %-8s | %9s %7s %7s | %9s %7s %7s | %9s %9s | %8s %8s\n' mode workload "$base-rps" p99-ms cpu-us kvd-rps p99-ms cpu-us rps-ratio cpu-ratio "$base-MiB" kvd-MiB
 for mode in $modes; do
   for w in $workloads; do
     start "$against" "$mode"; read -r e_rps e_p99 e_cpu e_mib < <(run "$w" "$mode"); stop
