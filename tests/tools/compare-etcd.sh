@@ -13,7 +13,7 @@
 #   workloads: put1 put100 range-l range-s txn-put watch (default: put100 range-l range-s)
 #   MODES="plain tls tls-auth" (default: all three); MEMBERS=3 for three-member clusters;
 #   SCALE=0.2 shortens every workload; AGAINST=path/to/other-kvd takes etcd's place (an A/B
-#   of two builds: the "etcd" columns are then that build's).
+#   of two builds: the columns headed "base" are then that build's).
 # Needs: go (tests/tools/etcd-tools.sh builds etcd, etcdctl and benchmark once), openssl.
 set -euo pipefail
 kvd=$(readlink -f "${1:?usage: compare-etcd.sh path/to/kvd [workload ...]}"); shift

@@ -364,6 +364,17 @@ impl<O> Shared<O> {
             let _ = w.send(Err(err()));
         }
     }
+
+    /// The loop has ended: what waits for a turn (proposals, peer messages, reads) and every
+    /// proposal's waiter is dropped or failed.
+    pub(crate) fn fail_queued(&self) {
+        self.queued.lock().clear();
+        self.stepped.lock().clear();
+        for reply in std::mem::take(&mut *self.reads_queued.lock()) {
+            let _ = reply.send(Err(Error::Stopped));
+        }
+        self.fail_all(|| Error::Stopped);
+    }
 }
 
 /// Commands to the raft thread.
@@ -520,11 +531,7 @@ impl<O: Send + 'static> RaftNode<O> {
         self.shared.waiters.lock().insert(seq, tx);
         let turn = if self.shared.sole_leader.load(Ordering::SeqCst) {
             self.shared.queued.lock().push((seq, data));
-            Some(QueuedTurn {
-                driver: self.driver.clone(),
-                shared: self.shared.clone(),
-                state: TurnState::Yield,
-            })
+            Some(self.queued_turn())
         } else {
             if self.send(Cmd::Propose { seq, data }).is_err() {
                 self.shared.waiters.lock().remove(&seq);
@@ -539,6 +546,14 @@ impl<O: Send + 'static> RaftNode<O> {
         }
     }
 
+    fn queued_turn(&self) -> QueuedTurn<O> {
+        QueuedTurn {
+            driver: self.driver.clone(),
+            shared: self.shared.clone(),
+            state: TurnState::Yield,
+        }
+    }
+
     /// A linearizable read point: resolves with a commit index once this member has applied
     /// at least that far, so a local read then sees every write acknowledged before the call.
     /// Reads waiting together share one round of heartbeats; a leader that is the only voter
@@ -550,12 +565,7 @@ impl<O: Send + 'static> RaftNode<O> {
         let point = self.shared.sole_read_point().ok_or_else(|| {
             let (tx, rx) = oneshot::channel();
             self.shared.reads_queued.lock().push(tx);
-            let turn = QueuedTurn {
-                driver: self.driver.clone(),
-                shared: self.shared.clone(),
-                state: TurnState::Yield,
-            };
-            (turn, rx)
+            (self.queued_turn(), rx)
         });
         async move {
             match point {
@@ -672,13 +682,7 @@ enum TurnState {
 impl<O: Send + 'static> QueuedTurn<O> {
     fn take(&mut self) {
         self.state = TurnState::Done;
-        if let Some(mut slot) = self.driver.try_lock() {
-            Driver::take_queued(&mut slot, &self.shared);
-        } else if self.shared.tx.send(Cmd::Kick).is_err() {
-            // The raft thread is winding down and reads no more commands: the lock is soon
-            // free, and the loop ended (the proposal is failed).
-            Driver::take_queued(&mut self.driver.lock(), &self.shared);
-        }
+        let _ = take_turn(&self.driver, &self.shared, true);
     }
 }
 
@@ -713,6 +717,30 @@ impl<O: Send + 'static> Drop for QueuedTurn<O> {
     }
 }
 
+/// Takes the Ready loop's turn for what is queued for one, on this thread if `here` and the
+/// loop is free, else by waking the raft thread. `Err(Stopped)` when the loop has ended (what
+/// was queued is then failed).
+fn take_turn<O: Send + 'static>(
+    driver: &Mutex<Option<Driver<O>>>,
+    shared: &Shared<O>,
+    here: bool,
+) -> Result<()> {
+    let slot = if here { driver.try_lock() } else { None };
+    if let Some(mut slot) = slot {
+        let live = slot.is_some();
+        Driver::take_queued(&mut slot, shared);
+        return if live { Ok(()) } else { Err(Error::Stopped) };
+    }
+    if shared.tx.send(Cmd::Kick).is_ok() {
+        // The raft thread (or another caller) is in a turn: the raft thread takes it next.
+        return Ok(());
+    }
+    // The raft thread is winding down and reads no more commands: the lock is soon free,
+    // and the loop ended (what was queued is failed).
+    Driver::take_queued(&mut driver.lock(), shared);
+    Err(Error::Stopped)
+}
+
 /// Takes a turn of the Ready loop for messages from peers (see [`Inbox::step_all`]).
 trait TakeTurn: Send + Sync {
     fn deliver(&self, msgs: Vec<Message>) -> Result<()>;
@@ -735,21 +763,7 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
         self.shared.stepped.lock().extend(msgs);
-        let slot = if inline { self.driver.try_lock() } else { None };
-        match slot {
-            Some(mut slot) => {
-                let live = slot.is_some();
-                // With the loop ended this fails what waits, as the raft thread's end does.
-                Driver::take_queued(&mut slot, &self.shared);
-                if live {
-                    Ok(())
-                } else {
-                    Err(Error::Stopped)
-                }
-            }
-            // The raft thread (or another receiver) is in a turn: it takes them next.
-            None => self.shared.tx.send(Cmd::Kick).map_err(|_| Error::Stopped),
-        }
+        take_turn(&self.driver, &self.shared, inline)
     }
 }
 

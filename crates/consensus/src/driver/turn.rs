@@ -93,13 +93,7 @@ impl<O: Send + 'static> Driver<O> {
                     let _ = shared.tx.send(Cmd::Stop);
                 }
             }
-            _ => {
-                shared.queued.lock().clear();
-                for reply in mem::take(&mut *shared.reads_queued.lock()) {
-                    let _ = reply.send(Err(Error::Stopped));
-                }
-                shared.fail_all(|| Error::Stopped);
-            }
+            _ => shared.fail_queued(),
         }
     }
 
@@ -162,12 +156,7 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn fail_everything(&mut self) {
-        self.shared.queued.lock().clear();
-        self.shared.stepped.lock().clear();
-        for reply in mem::take(&mut *self.shared.reads_queued.lock()) {
-            let _ = reply.send(Err(Error::Stopped));
-        }
-        self.shared.fail_all(|| Error::Stopped);
+        self.shared.fail_queued();
         let changes = self.changes.drain().map(|(_, r)| r);
         for r in changes.chain(self.changes_applied.drain(..).map(|c| c.1)) {
             let _ = r.send(Err(Error::Stopped));
