@@ -42,4 +42,4 @@ pub use store::{
     init_metrics, Applied, Defragmented, RangeOptions, RangeResult, Snapshot, Store, StoreOptions,
     Writer,
 };
-pub use watch::{WatchCounts, WatchResponse, WatchStream};
+pub use watch::{WatchCounts, WatchEvents, WatchResponse, WatchStream};

@@ -37,7 +37,6 @@ use api::etcdserverpb::cluster_server::ClusterServer;
 use api::etcdserverpb::kv_server::KvServer;
 use api::etcdserverpb::lease_server::LeaseServer;
 use api::etcdserverpb::maintenance_server::MaintenanceServer;
-use api::etcdserverpb::watch_server::WatchServer;
 use api::v3electionpb::election_server::ElectionServer;
 use api::v3lockpb::lock_server::LockServer;
 
@@ -240,9 +239,11 @@ fn grpc_services(core: &Arc<Core>) -> tonic::service::Routes {
         };
     }
     tonic::service::Routes::new(limits!(KvServer::new(kv::KvService::new(core.clone()))))
-        .add_service(limits!(WatchServer::new(watch::WatchService::new(
-            core.clone()
-        ))))
+        .add_service(watch::WatchServer::new(
+            watch::WatchService::new(core.clone()),
+            recv,
+            GRPC_MAX_SEND,
+        ))
         .add_service(limits!(LeaseServer::new(lease::LeaseService::new(
             core.clone()
         ))))

@@ -2,7 +2,7 @@
 //! watcher that wants them, and the items queued on a stream.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -69,6 +69,9 @@ pub(crate) struct Batch {
     pub(super) events: Vec<Event>,
     /// Bytes of keys and values, for the memory bounds.
     pub(super) bytes: usize,
+    /// Each event's protobuf encoding, made once, by the first response sent with it, for
+    /// every watcher it goes to (see [`super::WatchEvents`]).
+    encoded: OnceLock<Vec<Vec<u8>>>,
 }
 
 impl Batch {
@@ -78,7 +81,22 @@ impl Batch {
             .filter_map(|e| e.kv.as_ref())
             .map(|kv| kv.key.len() + kv.value.len())
             .sum();
-        Arc::new(Batch { events, bytes })
+        Arc::new(Batch {
+            events,
+            bytes,
+            encoded: OnceLock::new(),
+        })
+    }
+
+    /// Event `i`'s protobuf encoding.
+    pub(super) fn encoded(&self, i: usize) -> &[u8] {
+        let all = self.encoded.get_or_init(|| {
+            self.events
+                .iter()
+                .map(prost::Message::encode_to_vec)
+                .collect()
+        });
+        &all[i]
     }
 }
 

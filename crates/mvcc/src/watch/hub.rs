@@ -16,7 +16,8 @@ use crate::signal::Signal;
 
 /// Events the ring of recent batches keeps at most…
 pub(super) const RING_EVENTS: usize = 16_384;
-/// …and bytes of keys and values.
+/// …and bytes of keys and values (a batch a response was sent from holds their encoding too,
+/// about as many bytes again).
 pub(super) const RING_BYTES: usize = 64 << 20;
 
 pub(super) struct Watcher {

@@ -12,16 +12,18 @@
 //! Every revision passes through [`Hub::notify`] in order, under the hub lock, so a watcher
 //! moves between the two sets at a revision boundary: it never misses or repeats an event.
 //!
-//! Its parts: `event` (what watchers are sent), `hub` (the watchers and their two sets),
+//! Its parts: `event` (what watchers are sent), `events` (a response's events, shared), `hub` (the watchers and their two sets),
 //! `group` (the synced set, by key range), `sync` (the watch thread), `stream` (a watch
 //! stream and its queue).
 
 mod event;
+mod events;
 mod group;
 mod hub;
 mod stream;
 mod sync;
 
+pub use events::WatchEvents;
 pub(crate) use hub::Hub;
 pub use hub::WatchCounts;
 pub use stream::{WatchResponse, WatchStream};

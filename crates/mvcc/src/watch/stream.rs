@@ -15,7 +15,8 @@ use api::etcdserverpb::watch_create_request::FilterType;
 use api::etcdserverpb::WatchCreateRequest;
 use api::mvccpb::{event::EventType, Event};
 
-use super::event::{event_rev, Batch, Growing, Item, Spec};
+use super::event::{event_rev, Batch, Batches, Growing, Item, Spec};
+use super::events::WatchEvents;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
 use crate::store::{Inner, RangeOptions, Store};
@@ -34,7 +35,7 @@ pub const STREAM_WATCH_ID: i64 = -1;
 pub struct WatchResponse {
     pub watch_id: i64,
     /// In revision order. Empty in a progress notification.
-    pub events: Vec<Event>,
+    pub events: WatchEvents,
     /// The store revision the response is current to.
     pub revision: Revision,
     /// Non-zero when the watcher was cancelled because it needed revisions below this,
@@ -372,41 +373,44 @@ impl WatchStream {
                 batches,
                 from_rev,
                 revision,
-            } => self.events(&spec, batches.iter(), from_rev, revision),
+            } => {
+                let batches = match batches {
+                    Batches::One(b) => vec![b],
+                    Batches::Many(v) => v,
+                };
+                self.events(&spec, batches, from_rev, revision)
+            }
             Item::Growing {
                 spec,
                 growing,
                 from_rev,
             } => {
                 let (batches, revision) = growing.take();
-                self.events(&spec, batches.iter().map(|b| &**b), from_rev, revision)
+                self.events(&spec, batches, from_rev, revision)
             }
         }
     }
 
     /// The response carrying the events of `batches` at or after `from_rev` that the watcher
     /// wants; `None` if none is left, or the watcher was cancelled.
-    fn events<'b>(
+    fn events(
         &self,
         spec: &Spec,
-        batches: impl Iterator<Item = &'b Batch>,
+        batches: Vec<Arc<Batch>>,
         from_rev: i64,
         revision: i64,
     ) -> Option<WatchResponse> {
         if spec.canceled.load(Ordering::Acquire) {
             return None;
         }
-        let mut events: Vec<Event> = batches
-            .flat_map(|b| &b.events)
-            .filter(|ev| event_rev(ev) >= from_rev && spec.wants(ev))
-            .cloned()
-            .collect();
-        if events.is_empty() {
-            return None;
-        }
-        if spec.prev_kv {
-            self.fill_prev_kv(&mut events);
-        }
+        let events = WatchEvents::pick(batches, |ev| event_rev(ev) >= from_rev && spec.wants(ev))?;
+        let events = if spec.prev_kv {
+            let mut own = events.into_vec();
+            self.fill_prev_kv(&mut own);
+            WatchEvents::from(own)
+        } else {
+            events
+        };
         let hub = &self.inner.hub;
         hub.responses_sent.fetch_add(1, Ordering::Relaxed);
         (hub.events_sent).fetch_add(events.len() as u64, Ordering::Relaxed);
