@@ -306,6 +306,9 @@ pub(crate) struct Shared<O> {
     /// Linearizable reads waiting for the next turn to join a round (see
     /// [`RaftNode::read_index`]).
     pub(crate) reads_queued: Mutex<Vec<oneshot::Sender<Result<u64>>>>,
+    /// When the raft thread must take a turn to tell followers a commit index (see
+    /// `Driver::tell_commit`), besides its ticks.
+    pub(crate) commit_due: Mutex<Option<std::time::Instant>>,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -490,6 +493,7 @@ impl<O: Send + 'static> RaftNode<O> {
             queued: Mutex::new(Vec::new()),
             stepped: Mutex::new(Vec::new()),
             reads_queued: Mutex::new(Vec::new()),
+            commit_due: Mutex::new(None),
         });
         let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;
         let driver = Arc::new(Mutex::new(Some(driver)));

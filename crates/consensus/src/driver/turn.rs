@@ -25,17 +25,26 @@ use super::reads::ReadWaiter;
 
 /// Commands taken per turn of the raft loop.
 const MAX_BATCH: usize = 4096;
+/// How long a leader waits for new entries to carry a new commit index to its followers
+/// before it sends the index alone.
+const COMMIT_TELL_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl<O: Send + 'static> Driver<O> {
     /// The raft thread: waits for commands or the next tick, and takes a turn for each wake-up,
     /// until stopped or failed; then stops the apply thread, fails what waits and drops the
     /// driver (its WAL, its transport), leaving `None`.
     pub(crate) fn run(slot: &Mutex<Option<Self>>, rx: Receiver<Cmd>) {
-        let tick = slot.lock().as_ref().map(|d| d.cfg.heartbeat);
+        let tick = slot.lock().as_mut().map(|d| {
+            d.raft_thread = Some(std::thread::current().id());
+            d.cfg.heartbeat
+        });
         let Some(tick) = tick else { return };
         let mut next_tick = Instant::now() + tick;
+        let shared = slot.lock().as_ref().map(|d| d.shared.clone());
         let result = loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let due = shared.as_ref().and_then(|s| *s.commit_due.lock());
+            let until = due.map_or(next_tick, |d| d.min(next_tick));
+            let wait = until.saturating_duration_since(Instant::now());
             let first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -125,6 +134,7 @@ impl<O: Send + 'static> Driver<O> {
         }
         self.issue_reads();
         self.on_ready()?;
+        self.tell_commit(Instant::now())?;
         self.answer_applied();
         if !self.spooling {
             if let Some(want) = self.raw.store().take_wanted() {
@@ -134,6 +144,90 @@ impl<O: Send + 'static> Driver<O> {
         }
         self.publish_status();
         Ok(true)
+    }
+
+    /// A leader tells its followers a new commit index with the entries that follow it, not in
+    /// an empty append of its own each time (raft-rs's `skip_bcast_commit`): under load every
+    /// append carries it, and a lone client's write costs four peer messages, not eight. The
+    /// index goes alone to a member whose proposals were just committed (it waits to answer
+    /// its client), to every member for a membership change, and to every follower
+    /// `COMMIT_TELL_DELAY` after it was first left untold if no entries went out meanwhile
+    /// (the writes stopped: followers' reads and watchers then lag by that at most).
+    pub(super) fn tell_commit(&mut self, now: Instant) -> Result<()> {
+        if self.raw.raft.state != StateRole::Leader {
+            self.commit_awaited.clear();
+            self.commit_for_all = false;
+            self.set_commit_due(None);
+            return Ok(());
+        }
+        if mem::take(&mut self.commit_for_all) {
+            self.commit_awaited.clear();
+            self.raw.raft.bcast_append();
+            self.on_ready()?;
+        }
+        // A member is told once its log holds the index (the leader may commit on another
+        // follower's answer before this one's).
+        let tell: Vec<u64> = (self.commit_awaited.keys().copied())
+            .filter(|id| self.untold(*id))
+            .collect();
+        if !tell.is_empty() {
+            for &id in &tell {
+                self.raw.raft.send_append(id);
+            }
+            self.on_ready()?;
+        }
+        let (told, prs) = (&self.told, self.raw.raft.prs());
+        (self.commit_awaited)
+            .retain(|id, index| prs.get(*id).is_some() && told.get(id).is_none_or(|t| t < index));
+        let me = self.raw.raft.id;
+        let untold = (self.raw.raft.prs().iter()).any(|(id, _)| *id != me && self.untold(*id));
+        if !untold {
+            self.set_commit_due(None);
+            return Ok(());
+        }
+        match self.commit_due {
+            Some(due) if now < due => {}
+            Some(_) if self.appended_since_due => {
+                // Writes go on: the next entries carry it; look again a period later.
+                self.appended_since_due = false;
+                self.set_commit_due(Some(now + COMMIT_TELL_DELAY));
+            }
+            None => {
+                self.appended_since_due = false;
+                self.set_commit_due(Some(now + COMMIT_TELL_DELAY));
+            }
+            Some(_) => {
+                self.raw.raft.bcast_append();
+                self.on_ready()?;
+                self.set_commit_due(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether follower `id` has not been sent the commit index it can take (the leader's,
+    /// as far as its log matches).
+    fn untold(&self, id: u64) -> bool {
+        let r = &self.raw.raft;
+        let told = self.told.get(&id).copied().unwrap_or(0);
+        (r.prs().get(id)).is_some_and(|pr| told < r.raft_log.committed.min(pr.matched))
+    }
+
+    fn set_commit_due(&mut self, due: Option<Instant>) {
+        if self.commit_due == due {
+            return;
+        }
+        let earlier = match (due, self.commit_due) {
+            (Some(d), Some(old)) => d < old,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        self.commit_due = due;
+        *self.shared.commit_due.lock() = due;
+        // The raft thread sleeps until its next tick: wake it to sleep until `due` instead.
+        if earlier && self.raft_thread != Some(std::thread::current().id()) {
+            let _ = self.shared.tx.send(Cmd::Kick);
+        }
     }
 
     /// A linearizable read joins the next round of heartbeats.
@@ -329,6 +423,16 @@ impl<O: Send + 'static> Driver<O> {
         }
         let mut plain = Vec::with_capacity(msgs.len());
         for m in msgs {
+            match m.get_msg_type() {
+                MessageType::MsgAppend | MessageType::MsgHeartbeat => {
+                    let told = self.told.entry(m.to).or_default();
+                    *told = (*told).max(m.commit);
+                    if !m.entries.is_empty() {
+                        self.appended_since_due = true;
+                    }
+                }
+                _ => {}
+            }
             if m.get_msg_type() != MessageType::MsgSnapshot {
                 plain.push(m);
                 continue;
@@ -410,6 +514,15 @@ impl<O: Send + 'static> Driver<O> {
                     .map_err(|err| tracing::warn!(index = e.index, "entry with {err}"))
                     .ok()
             };
+            match (&ctx, e.get_entry_type()) {
+                (_, EntryType::EntryConfChange | EntryType::EntryConfChangeV2) => {
+                    self.commit_for_all = true;
+                }
+                (Some(c), _) if c.1 != self.cfg.id.0 => {
+                    self.commit_awaited.insert(c.1, e.index);
+                }
+                _ => {}
+            }
             match e.get_entry_type() {
                 EntryType::EntryNormal => {
                     if let Some((TAG_MEMBER_UPDATE, origin, seq, Some(m))) = ctx {

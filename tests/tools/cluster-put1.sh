@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One client's sequential puts (etcd's `benchmark put`, 256-byte values) on a fresh
+# three-member cluster of a server build, sent to the leader or to a follower (compare-etcd.sh's
+# put1 spreads them over the three members): puts/s, and the members' CPU (user+sys) and
+# context switches per put, summed over the three and for each member's threads by name.
+# For A/B comparisons of two builds, run alternately on a quiet machine.
+# Usage:  [N=puts] cluster-put1.sh path/to/server leader|follower
+# Needs: go (tests/tools/etcd-tools.sh builds etcdctl and benchmark once), python3.
+set -euo pipefail
+exe=$(readlink -f "${1:?usage: cluster-put1.sh path/to/server leader|follower}")
+to=${2:?usage: cluster-put1.sh path/to/server leader|follower}
+n=${N:-3000}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$("$here/etcd-tools.sh" --with-benchmark)
+d=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
+cluster= eps=
+for i in 0 1 2; do
+  cluster+="${cluster:+,}m$i=http://127.0.0.1:$((23800 + i))"
+  eps+="${eps:+,}127.0.0.1:$((23790 + i))"
+done
+for i in 0 1 2; do
+  "$exe" --name "m$i" --data-dir "$d/m$i" \
+    --listen-client-urls "http://127.0.0.1:$((23790 + i))" --advertise-client-urls "http://127.0.0.1:$((23790 + i))" \
+    --listen-peer-urls "http://127.0.0.1:$((23800 + i))" --initial-advertise-peer-urls "http://127.0.0.1:$((23800 + i))" \
+    --initial-cluster "$cluster" >"$d/m$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 150); do
+  "$bin/etcdctl" --endpoints "$eps" --dial-timeout 500ms put foo bar >/dev/null 2>&1 && break
+  sleep 0.1
+done
+leader=$("$bin/etcdctl" --endpoints "$eps" endpoint status -w json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
+        print(s["Endpoint"].rsplit(":", 1)[1])')
+[ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
+port=$leader
+[ "$to" = follower ] && port=$((23790 + (leader - 23790 + 1) % 3))
+# member, thread name, thread id, voluntary and involuntary switches, ticks
+threads() {
+  local i t
+  for i in 0 1 2; do
+    for t in /proc/"${pids[$i]}"/task/*; do
+      echo "m$i $(tr ' ' _ <"$t/comm") ${t##*/} $(awk '/^voluntary_ctxt/{v=$2} /^nonvoluntary/{n=$2} END{print v, n}' "$t/status") $(awk '{print $14+$15}' "$t/stat")"
+    done
+  done
+}
+threads | sort -k3,3 >"$d/before"
+out=$("$bin/benchmark" --endpoints "127.0.0.1:$port" --conns 1 --clients 1 put --key-size 8 \
+  --sequential-keys --val-size 256 --total "$n" 2>&1 | tr '\r' '\n')
+threads | sort -k3,3 >"$d/after"
+echo "leader 127.0.0.1:$leader, client to 127.0.0.1:$port: $(printf '%s\n' "$out" | awk '/Requests\/sec:/{print $2}') puts/s"
+join -1 3 -2 3 "$d/before" "$d/after" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '
+  { k = $2 " " $3; cs[k] += ($9 - $4 + $10 - $5) / n; us[k] += ($11 - $6) / hz * 1e6 / n }
+  END {
+    for (k in cs) if (cs[k] >= 0.05 || us[k] >= 1) printf "  %-24s %6.2f switches %7.1f us per put\n", k, cs[k], us[k]
+    for (k in cs) { tc += cs[k]; tu += us[k] }
+    printf "total %.1f context switches, %.0f us of CPU per put\n", tc, tu
+  }' | sort
