@@ -27,6 +27,6 @@ pub use node::{
     Change, Committed, Config, Error, Inbox, PeerProgress, RaftNode, Result, Role, Start,
     StateMachine, Status,
 };
-pub use raft::eraftpb::Message;
+pub use raft::eraftpb::{Message, MessageType};
 pub use snap::SnapError;
 pub use transport::{Reporter, SnapshotDone, Transport};

@@ -182,6 +182,9 @@ pub struct Config {
     pub wal: wal::Options,
     pub max_size_per_msg: u64,
     pub max_inflight_msgs: usize,
+    /// How long a leader waits for new entries to carry a new commit index to its followers
+    /// before it sends the index alone (a member whose proposals it commits is told at once).
+    pub commit_tell_delay: Duration,
 }
 
 impl Config {
@@ -203,6 +206,7 @@ impl Config {
             wal: wal::Options::default(),
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 512,
+            commit_tell_delay: Duration::from_millis(2),
         }
     }
 }

@@ -72,6 +72,57 @@ fn three_members_elect_replicate_and_forward() {
     assert_eq!(c.states[&1].lock().log.len(), 400);
 }
 
+/// A leader tells a new commit index with the next entries, not in an empty append to every
+/// follower each time it moves; a follower whose proposal it commits is told alone (it
+/// answers its client once it applied). The delay before an untold index goes out alone is
+/// set beyond the test, so every append is counted.
+#[test]
+fn a_commit_index_rides_with_the_next_entries() {
+    fn patient(c: &mut Config) {
+        fast(c);
+        c.commit_tell_delay = Duration::from_secs(600);
+    }
+    let c = Cluster::new(3, patient);
+    let l = c.leader();
+    let fs: Vec<u64> = c.ids.iter().copied().filter(|&i| i != l).collect();
+    let (f1, f2) = (fs[0], fs[1]);
+    c.propose(l, b"settle".to_vec()).unwrap();
+    let n = 40;
+    let sent = |to| c.net.appends(l, to);
+    let before = (sent(f1), sent(f2));
+    for i in 0..n {
+        c.propose(l, format!("leader-{i}").into_bytes()).unwrap();
+    }
+    // One append each per proposal (with the last commit index), not two.
+    assert!(
+        sent(f1) - before.0 <= n + 1,
+        "{} appends to {f1}",
+        sent(f1) - before.0
+    );
+    assert!(
+        sent(f2) - before.1 <= n + 1,
+        "{} appends to {f2}",
+        sent(f2) - before.1
+    );
+    let before = (sent(f1), sent(f2));
+    for i in 0..n {
+        c.propose(f1, format!("follower-{i}").into_bytes()).unwrap();
+    }
+    // The proposing follower is also sent each commit index alone (a heartbeat may tell it
+    // first now and then); the other is not.
+    assert!(
+        sent(f2) - before.1 <= n + 1,
+        "{} appends to {f2}",
+        sent(f2) - before.1
+    );
+    let to_f1 = sent(f1) - before.0;
+    assert!(
+        (2 * n - n / 4..=2 * n + 1).contains(&to_f1),
+        "{to_f1} appends to {f1}"
+    );
+    c.check();
+}
+
 #[test]
 fn leader_loss_elects_a_new_leader_and_the_old_one_catches_up() {
     let mut c = Cluster::new(3, fast);

@@ -25,9 +25,6 @@ use super::reads::ReadWaiter;
 
 /// Commands taken per turn of the raft loop.
 const MAX_BATCH: usize = 4096;
-/// How long a leader waits for new entries to carry a new commit index to its followers
-/// before it sends the index alone.
-const COMMIT_TELL_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl<O: Send + 'static> Driver<O> {
     /// The raft thread: waits for commands or the next tick, and takes a turn for each wake-up,
@@ -151,7 +148,7 @@ impl<O: Send + 'static> Driver<O> {
     /// append carries it, and a lone client's write costs four peer messages, not eight. The
     /// index goes alone to a member whose proposals were just committed (it waits to answer
     /// its client), to every member for a membership change, and to every follower
-    /// `COMMIT_TELL_DELAY` after it was first left untold if no entries went out meanwhile
+    /// `Config::commit_tell_delay` after it was first left untold if no entries went out meanwhile
     /// (the writes stopped: followers' reads and watchers then lag by that at most).
     pub(super) fn tell_commit(&mut self, now: Instant) -> Result<()> {
         if self.raw.raft.state != StateRole::Leader {
@@ -190,11 +187,11 @@ impl<O: Send + 'static> Driver<O> {
             Some(_) if self.appended_since_due => {
                 // Writes go on: the next entries carry it; look again a period later.
                 self.appended_since_due = false;
-                self.set_commit_due(Some(now + COMMIT_TELL_DELAY));
+                self.set_commit_due(Some(now + self.cfg.commit_tell_delay));
             }
             None => {
                 self.appended_since_due = false;
-                self.set_commit_due(Some(now + COMMIT_TELL_DELAY));
+                self.set_commit_due(Some(now + self.cfg.commit_tell_delay));
             }
             Some(_) => {
                 self.raw.raft.bcast_append();

@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use consensus::{
-    Change, ClusterId, Committed, Config, Inbox, Member, MemberId, Members, Message, RaftIndex,
-    RaftNode, Reporter, Role, SnapshotDone, Start, StateMachine, Transport,
+    Change, ClusterId, Committed, Config, Inbox, Member, MemberId, Members, Message, MessageType,
+    RaftIndex, RaftNode, Reporter, Role, SnapshotDone, Start, StateMachine, Transport,
 };
 use parking_lot::{Condvar, Mutex};
 use rand::Rng;
@@ -170,6 +170,8 @@ pub struct Net {
     stop: AtomicBool,
     pub delivered: AtomicU64,
     pub snapshots: AtomicU64,
+    /// Appends sent, by (from, to), whether delivered or not.
+    appends: Mutex<BTreeMap<(u64, u64), u64>>,
 }
 
 #[derive(Debug)]
@@ -211,6 +213,9 @@ impl Net {
     }
 
     fn send(&self, m: Message) {
+        if m.get_msg_type() == MessageType::MsgAppend {
+            *self.appends.lock().entry((m.from, m.to)).or_default() += 1;
+        }
         if self.blocked(m.from, m.to) {
             return;
         }
@@ -254,6 +259,11 @@ impl Net {
                 }
             }
         }
+    }
+
+    /// The appends `from` has sent `to` so far.
+    pub fn appends(&self, from: u64, to: u64) -> u64 {
+        self.appends.lock().get(&(from, to)).copied().unwrap_or(0)
     }
 
     /// Cuts every link between `a` and the rest.
