@@ -7,13 +7,15 @@
 # events delivered, delivery latency from a put's send to a watcher's receipt (p50, p99,
 # max), the puts' own p99, and the server's CPU time (user+sys) per delivered event.
 # Usage:  k8s-watch.sh path/to/kvd [rate ...]
-#   WATCHERS (default 2000), PREFIXES (4), DURATION (20s), RUNS (1: rounds over the rates)
+#   WATCHERS (default 2000), PREFIXES (4), DURATION (20s), RUNS (1: rounds over the rates),
+#   AGAINST=path/to/other-kvd takes etcd's place (an A/B of two builds)
 # Needs: go (builds kwatch; tests/tools/etcd-tools.sh builds etcd and etcdctl once).
 set -euo pipefail
 kvd=$(readlink -f "${1:?usage: k8s-watch.sh path/to/kvd [rate ...]}"); shift
 rates=${*:-500}
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh")
+against=$(readlink -f "${AGAINST:-$bin/etcd}")
 work=$(mktemp -d)
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
@@ -65,7 +67,7 @@ printf '%-6s %6s | %8s %10s %10s %4s | %8s %8s %8s | %8s | %7s\n' server rate pu
   p50-ms p99-ms max-ms put-p99 cpu-us/ev
 for _ in $(seq "${RUNS:-1}"); do
   for r in $rates; do
-    run "$bin/etcd" "$r"
+    run "$against" "$r"
     run "$kvd" "$r"
   done
 done

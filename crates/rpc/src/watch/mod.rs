@@ -217,6 +217,11 @@ impl StreamState {
         true
     }
 
+    /// A stream-wide progress request waits for its watchers to catch up.
+    fn progress_pending(&self) -> bool {
+        self.opts.lock().progress_pending
+    }
+
     /// Periodic and deferred progress notifications.
     fn progress_tick(&self, periodic: bool) {
         let mut o = self.opts.lock();
@@ -285,8 +290,16 @@ impl WatchService {
             let mut leader_check = tokio::time::interval(election);
             leader_check.tick().await;
             let mut leaderless = 0;
+            // Ticks only while a progress request waits (thousands of streams must not wake
+            // ten times a second each for nothing).
             let mut retry = tokio::time::interval(PROGRESS_RETRY);
+            retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut sending = true;
+            // Made once, not at every pass of the loop: each registers with what it waits on.
+            let closed = tx.closed();
+            tokio::pin!(closed);
+            let replaced = generation.changed();
+            tokio::pin!(replaced);
             // Responses held back while the client catches up (see `HOLD`).
             let hold = tokio::time::sleep(Duration::ZERO);
             tokio::pin!(hold);
@@ -304,7 +317,7 @@ impl WatchService {
                         // The connection failed.
                         Some(Err(_)) => return,
                     },
-                    _ = tx.closed() => return,
+                    () = &mut closed => return,
                     () = &mut hold, if holding => holding = false,
                     r = st.ws.recv(), if !holding => match r {
                         Some(r) => {
@@ -334,8 +347,8 @@ impl WatchService {
                         }
                     }
                     _ = periodic.tick() => st.progress_tick(true),
-                    _ = retry.tick() => st.progress_tick(false),
-                    _ = generation.changed() => {
+                    _ = retry.tick(), if st.progress_pending() => st.progress_tick(false),
+                    _ = &mut replaced => {
                         // The store was replaced by a snapshot from the leader: the client
                         // watches again from its last revision, on the new store.
                         let _ = tx.send(Err(Status::unavailable(
