@@ -143,7 +143,8 @@ impl<O: Send + 'static> Driver<O> {
             pre_vote: true,
             read_only_option: ReadOnlyOption::Safe,
             // A new commit index reaches followers with the next entries, or after
-            // `Config::commit_tell_delay` (see `Driver::tell_commit`), not in an empty append each time.
+            // `Config::commit_tell_delay` (see `Driver::tell_commit`), not in an empty append
+            // each time.
             skip_bcast_commit: true,
             ..Default::default()
         };

@@ -148,8 +148,8 @@ impl<O: Send + 'static> Driver<O> {
     /// append carries it, and a lone client's write costs four peer messages, not eight. The
     /// index goes alone to a member whose proposals were just committed (it waits to answer
     /// its client), to every member for a membership change, and to every follower
-    /// `Config::commit_tell_delay` after it was first left untold if no entries went out meanwhile
-    /// (the writes stopped: followers' reads and watchers then lag by that at most).
+    /// `Config::commit_tell_delay` after it was first left untold if no entries went out
+    /// meanwhile (the writes stopped: followers' reads and watchers then lag by that at most).
     pub(super) fn tell_commit(&mut self, now: Instant) -> Result<()> {
         if self.raw.raft.state != StateRole::Leader {
             self.commit_awaited.clear();

@@ -12,9 +12,9 @@
 //! Every revision passes through [`Hub::notify`] in order, under the hub lock, so a watcher
 //! moves between the two sets at a revision boundary: it never misses or repeats an event.
 //!
-//! Its parts: `event` (what watchers are sent), `events` (a response's events, shared), `hub` (the watchers and their two sets),
-//! `group` (the synced set, by key range), `sync` (the watch thread), `stream` (a watch
-//! stream and its queue).
+//! Its parts: `event` (what watchers are sent), `events` (a response's events, shared), `hub`
+//! (the watchers and their two sets), `group` (the synced set, by key range), `sync` (the watch
+//! thread), `stream` (a watch stream and its queue).
 
 mod event;
 mod events;
