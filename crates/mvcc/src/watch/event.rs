@@ -100,22 +100,6 @@ impl Batch {
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum Batches {
-    One(Arc<Batch>),
-    Many(Vec<Arc<Batch>>),
-}
-
-impl Batches {
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Batch> {
-        let (one, many) = match self {
-            Batches::One(b) => (Some(&**b), &[][..]),
-            Batches::Many(v) => (None, &v[..]),
-        };
-        one.into_iter().chain(many.iter().map(|b| &**b))
-    }
-}
-
 /// Keys and values one growing item holds at most before the watcher's next revisions go in
 /// an item of their own.
 const GROWING_BYTES: usize = 1 << 20;
@@ -194,7 +178,7 @@ pub(crate) enum Item {
     /// The events of `batches` at or after `from_rev` that the watcher wants.
     Events {
         spec: Arc<Spec>,
-        batches: Batches,
+        batches: Vec<Arc<Batch>>,
         from_rev: i64,
         revision: i64,
     },

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use api::mvccpb::Event;
 
-use super::event::{event_key, Batch, Batches, Growing, Item, Spec};
+use super::event::{event_key, Batch, Growing, Item, Spec};
 use super::group::Group;
 use super::stream::Queue;
 use crate::signal::Signal;
@@ -189,7 +189,7 @@ impl HubState {
         if !batches.is_empty() {
             let item = Item::Events {
                 spec: w.spec.clone(),
-                batches: Batches::Many(batches),
+                batches,
                 from_rev: w.min_rev,
                 revision: rev,
             };

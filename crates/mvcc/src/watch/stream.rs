@@ -15,7 +15,7 @@ use api::etcdserverpb::watch_create_request::FilterType;
 use api::etcdserverpb::WatchCreateRequest;
 use api::mvccpb::{event::EventType, Event};
 
-use super::event::{event_rev, Batch, Batches, Growing, Item, Spec};
+use super::event::{event_rev, Batch, Growing, Item, Spec};
 use super::events::WatchEvents;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
@@ -373,13 +373,7 @@ impl WatchStream {
                 batches,
                 from_rev,
                 revision,
-            } => {
-                let batches = match batches {
-                    Batches::One(b) => vec![b],
-                    Batches::Many(v) => v,
-                };
-                self.events(&spec, batches, from_rev, revision)
-            }
+            } => self.events(&spec, batches, from_rev, revision),
             Item::Growing {
                 spec,
                 growing,

@@ -9,7 +9,7 @@ use prost::Message;
 
 use api::mvccpb::{event::EventType, Event, KeyValue};
 
-use super::event::{event_key, event_rev, Batch, Batches, Item};
+use super::event::{event_key, event_rev, Batch, Item};
 use super::group::Group;
 use crate::error::{Error, Result};
 use crate::store::{Inner, Reader};
@@ -112,7 +112,7 @@ pub(super) fn sync_round(inner: &Inner) -> Result<bool> {
         if wanted.get(&h).is_some_and(|&last| last >= from) {
             let item = Item::Events {
                 spec: w.spec.clone(),
-                batches: Batches::One(batch.clone()),
+                batches: vec![batch.clone()],
                 from_rev: from,
                 revision: snap_rev,
             };
