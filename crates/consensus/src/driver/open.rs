@@ -58,16 +58,14 @@ pub(crate) struct Driver<O: Send + 'static> {
     pub(super) ended: bool,
     /// The commit index last sent to each peer, in an append or a heartbeat.
     pub(super) told: HashMap<u64, u64>,
-    /// When to broadcast a commit index not yet sent to every follower (see `tell_commit`).
-    pub(super) commit_due: Option<Instant>,
-    /// Entries went out since `commit_due` was set: they carry the commit index.
+    /// Entries went out since `Shared::commit_due` was set: they carry the commit index.
     pub(super) appended_since_due: bool,
     /// Members whose proposals were committed, by the last of their entries' index: they wait
     /// to be told that commit index (their clients wait for them to apply).
     pub(super) commit_awaited: HashMap<u64, u64>,
     /// A membership change was committed: every member is told at once.
     pub(super) commit_for_all: bool,
-    /// The raft thread (a turn elsewhere wakes it when it sets `commit_due`).
+    /// The raft thread (a turn elsewhere wakes it when it sets `Shared::commit_due`).
     pub(super) raft_thread: Option<std::thread::ThreadId>,
 }
 
@@ -202,7 +200,6 @@ impl<O: Send + 'static> Driver<O> {
             last_leave: None,
             ended: false,
             told: HashMap::new(),
-            commit_due: None,
             appended_since_due: false,
             commit_awaited: HashMap::new(),
             commit_for_all: false,

@@ -31,15 +31,16 @@ impl<O: Send + 'static> Driver<O> {
     /// until stopped or failed; then stops the apply thread, fails what waits and drops the
     /// driver (its WAL, its transport), leaving `None`.
     pub(crate) fn run(slot: &Mutex<Option<Self>>, rx: Receiver<Cmd>) {
-        let tick = slot.lock().as_mut().map(|d| {
+        let started = slot.lock().as_mut().map(|d| {
             d.raft_thread = Some(std::thread::current().id());
-            d.cfg.heartbeat
+            (d.cfg.heartbeat, d.shared.clone())
         });
-        let Some(tick) = tick else { return };
+        let Some((tick, shared)) = started else {
+            return;
+        };
         let mut next_tick = Instant::now() + tick;
-        let shared = slot.lock().as_ref().map(|d| d.shared.clone());
         let result = loop {
-            let due = shared.as_ref().and_then(|s| *s.commit_due.lock());
+            let due = *shared.commit_due.lock();
             let until = due.map_or(next_tick, |d| d.min(next_tick));
             let wait = until.saturating_duration_since(Instant::now());
             let first = match rx.recv_timeout(wait) {
@@ -182,7 +183,8 @@ impl<O: Send + 'static> Driver<O> {
             self.set_commit_due(None);
             return Ok(());
         }
-        match self.commit_due {
+        let due = *self.shared.commit_due.lock();
+        match due {
             Some(due) if now < due => {}
             Some(_) if self.appended_since_due => {
                 // Writes go on: the next entries carry it; look again a period later.
@@ -210,17 +212,15 @@ impl<O: Send + 'static> Driver<O> {
         (r.prs().get(id)).is_some_and(|pr| told < r.raft_log.committed.min(pr.matched))
     }
 
-    fn set_commit_due(&mut self, due: Option<Instant>) {
-        if self.commit_due == due {
-            return;
-        }
-        let earlier = match (due, self.commit_due) {
+    /// Sets when the raft thread must take a turn to tell the commit index (see
+    /// `Shared::commit_due`, which its loop reads).
+    fn set_commit_due(&self, due: Option<Instant>) {
+        let old = std::mem::replace(&mut *self.shared.commit_due.lock(), due);
+        let earlier = match (due, old) {
             (Some(d), Some(old)) => d < old,
             (Some(_), None) => true,
             _ => false,
         };
-        self.commit_due = due;
-        *self.shared.commit_due.lock() = due;
         // The raft thread sleeps until its next tick: wake it to sleep until `due` instead.
         if earlier && self.raft_thread != Some(std::thread::current().id()) {
             let _ = self.shared.tx.send(Cmd::Kick);
