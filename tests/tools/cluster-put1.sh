@@ -15,22 +15,8 @@ bin=$("$here/etcd-tools.sh" --with-benchmark)
 d=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
-cluster= eps=
-for i in 0 1 2; do
-  cluster+="${cluster:+,}m$i=http://127.0.0.1:$((23800 + i))"
-  eps+="${eps:+,}127.0.0.1:$((23790 + i))"
-done
-for i in 0 1 2; do
-  "$exe" --name "m$i" --data-dir "$d/m$i" \
-    --listen-client-urls "http://127.0.0.1:$((23790 + i))" --advertise-client-urls "http://127.0.0.1:$((23790 + i))" \
-    --listen-peer-urls "http://127.0.0.1:$((23800 + i))" --initial-advertise-peer-urls "http://127.0.0.1:$((23800 + i))" \
-    --initial-cluster "$cluster" >"$d/m$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 150); do
-  "$bin/etcdctl" --endpoints "$eps" --dial-timeout 500ms put foo bar >/dev/null 2>&1 && break
-  sleep 0.1
-done
+. "$here/three-members.sh"
+start_cluster foo
 leader=$("$bin/etcdctl" --endpoints "$eps" endpoint status -w json | python3 -c '
 import json, sys
 for s in json.load(sys.stdin):

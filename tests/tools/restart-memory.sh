@@ -14,26 +14,16 @@ bin=$("$here/etcd-tools.sh")
 d=$(mktemp -d)
 pids=(0 0 0)
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$d"' EXIT
-
-cluster=m0=http://127.0.0.1:23800,m1=http://127.0.0.1:23801,m2=http://127.0.0.1:23802
-eps=http://127.0.0.1:23790,http://127.0.0.1:23791,http://127.0.0.1:23792
-start() { # member index
-  local c=http://127.0.0.1:$((23790 + $1)) p=http://127.0.0.1:$((23800 + $1))
-  "$exe" --name "m$1" --data-dir "$d/m$1" --listen-client-urls "$c" --advertise-client-urls "$c" \
-    --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" --initial-cluster "$cluster" \
-    >>"$d/m$1.log" 2>&1 &
-  pids[$1]=$!
-}
+. "$here/three-members.sh"
 ctl() { "$bin/etcdctl" --dial-timeout 500ms --command-timeout 2s "$@"; }
-for i in 0 1 2; do start "$i"; done
-for _ in $(seq 150); do ctl --endpoints "$eps" put k0 v >/dev/null 2>&1 && break; sleep 0.1; done
+start_cluster k0
 for k in 1 2 3 4; do ctl --endpoints "$eps" put "k$k" v >/dev/null; done
 kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 for r in $(seq "$rounds"); do
   sleep 2
   kill -9 "${pids[1]}"
   wait "${pids[1]}" 2>/dev/null || true
-  start 1
+  start_member 1
   p=${pids[1]} t0=$(date +%s.%N) caught=
   # Serving: it answers a serializable read of the last key from its own store.
   for _ in $(seq 300); do
