@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api::etcdserverpb::{HashKvRequest, PutRequest, RangeRequest, StatusRequest};
+use api::etcdserverpb::alarm_request::AlarmAction;
+use api::etcdserverpb::{
+    AlarmRequest, AlarmType, HashKvRequest, PutRequest, RangeRequest, StatusRequest,
+};
 use common::{grpc, Addrs, Proc};
 
 /// The writes acknowledged so far: key → value.
@@ -486,6 +489,22 @@ fn a_member_cut_off_serves_no_linearizable_read_and_catches_up_when_healed() {
     );
     let write = common::ctl(&fe, &["put", "x", "y", "--command-timeout", "3s"]);
     assert!(!write.status.success());
+    // Nor does it list alarms from its own state (etcd lists them through its log): an alarm
+    // raised meanwhile would go unseen, and a disarm, which lists first, would leave it raised.
+    let (_, fid) = rt.block_on(status(&ms[f])).unwrap();
+    let raise = AlarmRequest {
+        action: AlarmAction::Activate as i32,
+        member_id: fid,
+        alarm: AlarmType::Nospace as i32,
+    };
+    rt.block_on(async { grpc::maintenance(&ms[l].client).alarm(raise).await })
+        .unwrap();
+    let list = common::ctl(&fe, &["alarm", "list", "--command-timeout", "3s"]);
+    assert!(
+        !list.status.success(),
+        "a partitioned member listed alarms: {:?}",
+        String::from_utf8_lossy(&list.stdout)
+    );
     // …while a serializable read there answers from its own (stale) state.
     assert_eq!(
         common::ctl_ok(&fe, &["get", "k", "--consistency=s", "--print-value-only"]),
@@ -496,6 +515,12 @@ fn a_member_cut_off_serves_no_linearizable_read_and_catches_up_when_healed() {
         let out = common::ctl(&fe, &["get", "k", "--print-value-only"]);
         out.stdout == b"after\n"
     });
+    assert_eq!(
+        common::ctl_ok(&fe, &["alarm", "list"]),
+        format!("memberID:{fid} alarm:NOSPACE \n")
+    );
+    common::ctl_ok(&fe, &["alarm", "disarm"]);
+    assert_eq!(common::ctl_ok(&le, &["alarm", "list"]), "");
 }
 
 /// One keep-alive of lease `id` at `m`: the TTL it answers, or why it did not renew (an error,

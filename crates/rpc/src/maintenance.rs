@@ -107,6 +107,11 @@ impl Maintenance for MaintenanceService {
         let r = req.into_inner();
         match AlarmAction::try_from(r.action) {
             Ok(AlarmAction::Get) => {
+                // etcd answers a list through its log, so it sees every alarm raised or
+                // cleared before the call: here a ReadIndex does, whichever member answers
+                // (a disarm lists first and would miss an alarm a lagging member had not yet
+                // applied, leaving it standing).
+                self.core.linearize().await?;
                 let alarms = self
                     .core
                     .alarms()
