@@ -301,8 +301,11 @@ pub(crate) struct Shared<O> {
     /// This member leads, is the only voter and has committed an entry of its term: no other
     /// member can hold a newer write, so a linearizable read needs no round through raft.
     sole_leader: AtomicBool,
-    /// A sole leader's proposals, waiting for the next turn of the Ready loop: taken on the
-    /// proposer's thread when the loop is free (see [`QueuedTurn`]), else by the raft thread.
+    /// Proposals may take a turn on the proposer's thread (see [`RaftNode::propose`]): this
+    /// member is a follower or the only voter. Published by the raft thread.
+    propose_here: AtomicBool,
+    /// Proposals waiting for the next turn of the Ready loop: taken on the proposer's thread
+    /// when the loop is free (see [`QueuedTurn`]), else by the raft thread.
     pub(crate) queued: Mutex<Vec<(u64, Vec<u8>)>>,
     /// Messages from peers waiting for the next turn: taken on the thread that received them
     /// when the loop is free (see [`Inbox::step_all`]), else by the raft thread.
@@ -313,6 +316,10 @@ pub(crate) struct Shared<O> {
     /// When the raft thread must take a turn to tell followers a commit index (see
     /// `Driver::tell_commit`), besides its ticks.
     pub(crate) commit_due: Mutex<Option<std::time::Instant>>,
+    /// Work was queued for a turn by a thread that found the loop in one: whoever holds the
+    /// loop takes another turn after letting go (see [`take_turn`]). A turn clears it before
+    /// it takes what is queued.
+    pub(crate) turn_wanted: AtomicBool,
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -350,6 +357,11 @@ impl<O> Shared<O> {
             self.committed.store(committed, Ordering::SeqCst);
         }
         self.sole_leader.store(sole, Ordering::SeqCst);
+    }
+
+    /// The raft thread: whether proposals may take a turn on the proposer's thread.
+    pub(crate) fn publish_propose_here(&self, here: bool) {
+        self.propose_here.store(here, Ordering::SeqCst);
     }
 
     /// A read point needing no raft round: while this member is the sole leader, every write
@@ -494,10 +506,12 @@ impl<O: Send + 'static> RaftNode<O> {
             applied_wanted: AtomicBool::new(false),
             committed: AtomicU64::new(0),
             sole_leader: AtomicBool::new(false),
+            propose_here: AtomicBool::new(false),
             queued: Mutex::new(Vec::new()),
             stepped: Mutex::new(Vec::new()),
             reads_queued: Mutex::new(Vec::new()),
             commit_due: Mutex::new(None),
+            turn_wanted: AtomicBool::new(false),
         });
         let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;
         let driver = Arc::new(Mutex::new(Some(driver)));
@@ -527,17 +541,20 @@ impl<O: Send + 'static> RaftNode<O> {
     /// Proposes `data`; resolves with the state machine's output once this member applied it.
     /// Followers forward proposals to the leader.
     ///
-    /// A sole leader's proposal is queued, and the future takes the Ready loop's turn for it on
-    /// the caller's thread when the raft thread is not in one: the WAL write and fsync and a
-    /// small apply then happen there, and the answer is ready when the turn ends — no hand-off
-    /// to the raft thread and back (two wake-ups, the larger part of a lone client's write on
-    /// a small machine). The future first yields once, so proposals made together (the calls
-    /// of one connection's read) share the turn and its fsync.
+    /// A sole voter's proposal, or a follower's, is queued, and the future takes the Ready
+    /// loop's turn for it on the caller's thread when the raft thread is not in one: the sole
+    /// voter's WAL write and fsync and a small apply (the answer is ready when the turn ends),
+    /// the follower's forwarding to the leader, happen there — no hand-off to the raft thread
+    /// and back (two wake-ups, the larger part of a lone client's write on a small machine).
+    /// The future first yields once, so proposals made together (the calls of one
+    /// connection's read) share the turn and its fsync. A leader with followers leaves its
+    /// proposals to the raft thread: the appends it sends before its own fsync leave through
+    /// the runtime's tasks, which a worker blocked in that fsync would hold back.
     pub fn propose(&self, data: Vec<u8>) -> impl Future<Output = Result<O>> + Send + 'static {
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.shared.waiters.lock().insert(seq, tx);
-        let turn = if self.shared.sole_leader.load(Ordering::SeqCst) {
+        let turn = if self.shared.propose_here.load(Ordering::SeqCst) {
             self.shared.queued.lock().push((seq, data));
             Some(self.queued_turn())
         } else {
@@ -725,22 +742,48 @@ impl<O: Send + 'static> Drop for QueuedTurn<O> {
     }
 }
 
+/// Turns a thread takes in a row for work others queued meanwhile before it leaves the rest
+/// to the raft thread (a client's worker is not held by a flood of turns).
+const TURNS_IN_A_ROW: usize = 4;
+
 /// Takes the Ready loop's turn for what is queued for one, on this thread if `here` and the
-/// loop is free, else by waking the raft thread. `Err(Stopped)` when the loop has ended (what
-/// was queued is then failed).
+/// loop is free; if another thread is in a turn, that thread takes one more when it lets go
+/// (no wake-up of the raft thread, two context switches a message on a small machine); if
+/// not `here`, by waking the raft thread. `Err(Stopped)` when the loop has ended (what was
+/// queued is then failed).
 fn take_turn<O: Send + 'static>(
     driver: &Mutex<Option<Driver<O>>>,
     shared: &Shared<O>,
     here: bool,
 ) -> Result<()> {
-    let slot = if here { driver.try_lock() } else { None };
-    if let Some(mut slot) = slot {
+    if !here {
+        return kick(driver, shared);
+    }
+    // Set before looking at the lock, and looked at by the holder after it lets go: one of
+    // the two sees the other (the fences order the flag and the lock's word).
+    shared.turn_wanted.store(true, Ordering::SeqCst);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    for _ in 0..TURNS_IN_A_ROW {
+        let Some(mut slot) = driver.try_lock() else {
+            return Ok(());
+        };
         let live = slot.is_some();
         Driver::take_queued(&mut slot, shared);
-        return if live { Ok(()) } else { Err(Error::Stopped) };
+        drop(slot);
+        if !live {
+            return Err(Error::Stopped);
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !shared.turn_wanted.load(Ordering::SeqCst) {
+            return Ok(());
+        }
     }
+    kick(driver, shared)
+}
+
+/// Wakes the raft thread to take a turn.
+fn kick<O: Send + 'static>(driver: &Mutex<Option<Driver<O>>>, shared: &Shared<O>) -> Result<()> {
     if shared.tx.send(Cmd::Kick).is_ok() {
-        // The raft thread (or another caller) is in a turn: the raft thread takes it next.
         return Ok(());
     }
     // The raft thread is winding down and reads no more commands: the lock is soon free,

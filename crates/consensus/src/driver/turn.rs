@@ -2,6 +2,7 @@
 //! messages sent and its committed entries handed to the apply thread.
 
 use std::mem;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Instant;
 
@@ -42,7 +43,12 @@ impl<O: Send + 'static> Driver<O> {
         let result = loop {
             let due = *shared.commit_due.lock();
             let until = due.map_or(next_tick, |d| d.min(next_tick));
-            let wait = until.saturating_duration_since(Instant::now());
+            // Another thread queued work while this one was in a turn (see `take_turn`): no wait.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let wait = match shared.turn_wanted.load(Ordering::SeqCst) {
+                true => std::time::Duration::ZERO,
+                false => until.saturating_duration_since(Instant::now()),
+            };
             let first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -83,6 +89,10 @@ impl<O: Send + 'static> Driver<O> {
             let _ = t.join();
         }
         d.fail_everything();
+        drop(slot);
+        // What a thread queued while this one held the loop, finding it busy.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        shared.fail_queued();
     }
 
     /// A turn on a proposer's thread, for the proposals queued for one ([`Shared::queued`]),
@@ -112,6 +122,8 @@ impl<O: Send + 'static> Driver<O> {
         if self.ended {
             return Ok(false);
         }
+        // Cleared before the queues are taken: work queued after this sets it again.
+        self.shared.turn_wanted.store(false, Ordering::SeqCst);
         for cmd in cmds {
             if !self.handle(cmd)? {
                 return Ok(false);
@@ -179,11 +191,15 @@ impl<O: Send + 'static> Driver<O> {
             .retain(|id, index| prs.get(*id).is_some() && told.get(id).is_none_or(|t| t < index));
         let me = self.raw.raft.id;
         let untold = (self.raw.raft.prs().iter()).any(|(id, _)| *id != me && self.untold(*id));
+        let due = *self.shared.commit_due.lock();
         if !untold {
-            self.set_commit_due(None);
+            // Left armed until it passes: a write that leaves a follower untold again before
+            // then needs no wake-up of the raft thread to arm it (one per write, else).
+            if due.is_some_and(|due| now >= due) {
+                self.set_commit_due(None);
+            }
             return Ok(());
         }
-        let due = *self.shared.commit_due.lock();
         match due {
             Some(due) if now < due => {}
             Some(_) if self.appended_since_due => {
@@ -556,6 +572,8 @@ impl<O: Send + 'static> Driver<O> {
             && r.commit_to_current_term()
             && !self.removed;
         self.shared.publish_sole_leader(sole, r.raft_log.committed);
+        let replicates = r.state == StateRole::Leader && r.prs().iter().any(|(id, _)| *id != r.id);
+        self.shared.publish_propose_here(!replicates);
         let role = match r.state {
             StateRole::Follower => Role::Follower,
             StateRole::PreCandidate => Role::PreCandidate,
