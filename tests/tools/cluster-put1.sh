@@ -3,7 +3,9 @@
 # three-member cluster of a server build, sent to the leader or to a follower (compare-etcd.sh's
 # put1 spreads them over the three members): puts/s, and the members' CPU (user+sys) and
 # context switches per put, summed over the three and for each member's threads by name.
-# For A/B comparisons of two builds, run alternately on a quiet machine.
+# For A/B comparisons of two builds, run alternately on a quiet machine. Given the no-op
+# server (target/release/examples/noop-kv), it measures the floor: three no-op members, written
+# through the leader.
 # Usage:  [N=puts] cluster-put1.sh path/to/server leader|follower
 # Needs: go (tests/tools/etcd-tools.sh builds etcdctl and benchmark once), python3.
 set -euo pipefail
@@ -16,12 +18,30 @@ d=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
-start_cluster foo
-leader=$("$bin/etcdctl" --endpoints "$eps" endpoint status -w json | python3 -c '
+if [ "$(basename "$exe")" = noop-kv ]; then
+  # The floor: three no-op members (examples/noop-kv.rs), m0 leading; raft's messages and
+  # fsyncs for each write, nothing else.
+  [ "$to" = leader ] || { echo "the no-op cluster is written through its leader only" >&2; exit 2; }
+  for i in 1 2; do
+    NOOP_PEER_LISTEN=127.0.0.1:$((23800 + i)) "$exe" >>"$d/m$i.log" 2>&1 &
+    pids[i]=$!
+  done
+  NOOP_FSYNC=1 NOOP_CLIENT=127.0.0.1:23790 NOOP_PEERS=127.0.0.1:23801,127.0.0.1:23802 \
+    "$exe" >>"$d/m0.log" 2>&1 &
+  pids[0]=$!
+  for _ in $(seq 100); do
+    "$bin/etcdctl" --endpoints 127.0.0.1:23790 put foo v >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  leader=23790
+else
+  start_cluster foo
+  leader=$("$bin/etcdctl" --endpoints "$eps" endpoint status -w json | python3 -c '
 import json, sys
 for s in json.load(sys.stdin):
     if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
         print(s["Endpoint"].rsplit(":", 1)[1])')
+fi
 [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
 port=$leader
 [ "$to" = follower ] && port=$((23790 + (leader - 23790 + 1) % 3))

@@ -3,8 +3,8 @@
 //! 4 KiB `fdatasync` with `NOOP_FSYNC=1`); nothing is stored.
 //!
 //! `NOOP_STACK=tonic` serves it with tonic's server (hyper + h2 + tower), `NOOP_STACK=wire` (the
-//! default) with grpc-wire, as kvd's client port does. It listens on 127.0.0.1:23790 and
-//! ignores its arguments, so `tests/tools/server-cpu.sh` drives it like kvd:
+//! default) with grpc-wire, as kvd's client port does. It listens on 127.0.0.1:23790 (or
+//! `NOOP_CLIENT`) and ignores its arguments, so `tests/tools/server-cpu.sh` drives it like kvd:
 //!
 //! ```sh
 //! cargo build --release -p kvd --example noop-kv
@@ -12,6 +12,13 @@
 //! NOOP_STACK=wire  tests/tools/server-cpu.sh target/release/examples/noop-kv range-s
 //! NOOP_FSYNC=1     tests/tools/server-cpu.sh target/release/examples/noop-kv put1
 //! ```
+//!
+//! Three of them make the floor under a three-member cluster's write
+//! (`tests/tools/cluster-put1.sh` starts them so): a follower (`NOOP_PEER_LISTEN=addr`) takes each length-prefixed message on
+//! a plain TCP connection, does the 4 KiB `fdatasync` and answers one byte; the leader
+//! (`NOOP_PEERS=addr,addr`, with `NOOP_FSYNC=1`) sends a put's request to every follower, does
+//! its own fsync, and answers once one follower has (a majority of three): raft's messages and
+//! fsyncs for a write, and nothing else.
 
 use std::convert::Infallible;
 use std::os::unix::fs::FileExt;
@@ -27,10 +34,119 @@ use prost::Message;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
-/// The work a put does: nothing, or one `fdatasync` of a 4 KiB overwrite.
+/// The work a put does: nothing, or one `fdatasync` of a 4 KiB overwrite; and with followers,
+/// sending them the request and waiting for one to have synced it too.
 #[derive(Debug)]
 struct Noop {
-    file: Option<std::fs::File>,
+    file: Option<Arc<std::fs::File>>,
+    peers: Option<Arc<Peers>>,
+}
+
+/// A no-op leader's followers: the sending halves of their connections (locked together, so
+/// every follower gets the messages in the order of their numbers) and the highest message
+/// number any of them has answered.
+#[derive(Debug)]
+struct Peers {
+    out: tokio::sync::Mutex<(u64, Vec<tokio::net::tcp::OwnedWriteHalf>)>,
+    acked: tokio::sync::watch::Sender<u64>,
+}
+
+/// One 4 KiB overwrite of `f`'s first page, made durable.
+fn sync_page(f: &std::fs::File) {
+    f.write_at(&[1; 4096], 0).expect("write");
+    f.sync_data().expect("fdatasync");
+}
+
+impl Peers {
+    /// Connects to each follower (retrying while they start) and counts their answers.
+    async fn connect(addrs: &str) -> std::io::Result<Peers> {
+        let (acked, _) = tokio::sync::watch::channel(0);
+        let mut out = Vec::new();
+        for addr in addrs.split(',') {
+            let mut tries = 0;
+            let sock = loop {
+                match tokio::net::TcpStream::connect(addr).await {
+                    Ok(s) => break s,
+                    Err(_) if tries < 100 => tries += 1,
+                    Err(e) => return Err(e),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            };
+            sock.set_nodelay(true)?;
+            let (mut rd, wr) = sock.into_split();
+            out.push(wr);
+            let acked = acked.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let (mut n, mut buf) = (0u64, [0u8; 256]);
+                while let Ok(k) = rd.read(&mut buf).await {
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                    acked.send_modify(|a| *a = (*a).max(n));
+                }
+            });
+        }
+        Ok(Peers {
+            out: tokio::sync::Mutex::new((0, out)),
+            acked,
+        })
+    }
+
+    /// Sends `msg` to every follower, runs `sync` meanwhile, and waits for one follower's answer.
+    async fn replicate(&self, msg: &[u8], sync: impl FnOnce()) {
+        use tokio::io::AsyncWriteExt;
+        let mut frame = (msg.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(msg);
+        let mut rx = self.acked.subscribe();
+        let seq = {
+            let mut out = self.out.lock().await;
+            out.0 += 1;
+            for w in &mut out.1 {
+                w.write_all(&frame).await.expect("send to a follower");
+            }
+            out.0
+        };
+        sync();
+        rx.wait_for(|a| *a >= seq).await.expect("followers");
+    }
+}
+
+/// A no-op follower: every message on a connection is synced and answered with one byte; the
+/// messages read together share one fsync.
+async fn follow(addr: &str, file: Arc<std::fs::File>) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (sock, _) = l.accept().await?;
+        sock.set_nodelay(true)?;
+        let file = file.clone();
+        tokio::spawn(async move {
+            let mut sock = tokio::io::BufReader::new(sock);
+            let mut msg = Vec::new();
+            loop {
+                let mut n = 0;
+                loop {
+                    let Ok(len) = sock.read_u32().await else {
+                        return;
+                    };
+                    msg.resize(len as usize, 0);
+                    if sock.read_exact(&mut msg).await.is_err() {
+                        return;
+                    }
+                    n += 1;
+                    if sock.buffer().len() < 4 {
+                        break;
+                    }
+                }
+                sync_page(&file);
+                if sock.get_mut().write_all(&vec![1; n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 impl Noop {
@@ -43,8 +159,7 @@ impl Noop {
 
     fn put(&self) -> PutResponse {
         if let Some(f) = &self.file {
-            f.write_at(&[1; 4096], 0).expect("write");
-            f.sync_data().expect("fdatasync");
+            sync_page(f);
         }
         PutResponse {
             header: Self::header(),
@@ -105,14 +220,30 @@ impl grpc_wire::Unary for Noop {
         _head: grpc_wire::CallHead<'_>,
     ) -> grpc_wire::UnaryFuture {
         // Decoded as a real server would, then dropped.
-        let out = if id == 0 {
+        if id == 0 {
             drop(RangeRequest::decode(msg));
-            self.range().encode_to_vec()
-        } else {
-            drop(PutRequest::decode(msg));
-            self.put().encode_to_vec()
-        };
-        Box::pin(std::future::ready(Ok(Bytes::from(out))))
+            let out = self.range().encode_to_vec();
+            return Box::pin(std::future::ready(Ok(Bytes::from(out))));
+        }
+        drop(PutRequest::decode(msg.clone()));
+        if self.peers.is_none() {
+            let out = self.put().encode_to_vec();
+            return Box::pin(std::future::ready(Ok(Bytes::from(out))));
+        }
+        // A leader: its followers and its own fsync.
+        let (peers, file) = (self.peers.clone(), self.file.clone());
+        Box::pin(async move {
+            if let Some(peers) = peers {
+                peers
+                    .replicate(&msg, || file.iter().for_each(|f| sync_page(f)))
+                    .await;
+            }
+            let out = PutResponse {
+                header: Noop::header(),
+                ..Default::default()
+            };
+            Ok(Bytes::from(out.encode_to_vec()))
+        })
     }
 }
 
@@ -138,22 +269,31 @@ impl tower_service::Service<http::Request<grpc_wire::RecvBody>> for Unimplemente
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let file = match std::env::var_os("NOOP_FSYNC") {
+    let file = match std::env::var_os("NOOP_FSYNC").or(std::env::var_os("NOOP_PEER_LISTEN")) {
         None => None,
         Some(_) => {
             let f = tempfile::tempfile()?;
             f.write_at(&[0; 4096], 0)?;
             f.sync_all()?;
-            Some(f)
+            Some(Arc::new(f))
         }
     };
-    let noop = Arc::new(Noop { file });
     let tonic_stack = std::env::var("NOOP_STACK").is_ok_and(|s| s == "tonic");
+    let client = std::env::var("NOOP_CLIENT").unwrap_or_else(|_| "127.0.0.1:23790".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:23790").await?;
+        if let (Ok(addr), Some(file)) = (std::env::var("NOOP_PEER_LISTEN"), &file) {
+            follow(&addr, file.clone()).await?;
+            return Ok(());
+        }
+        let peers = match std::env::var("NOOP_PEERS") {
+            Ok(addrs) => Some(Arc::new(Peers::connect(&addrs).await?)),
+            Err(_) => None,
+        };
+        let noop = Arc::new(Noop { file, peers });
+        let l = tokio::net::TcpListener::bind(&client).await?;
         if tonic_stack {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(l)
                 .map(|s| s.inspect(|s| drop(s.set_nodelay(true))));
