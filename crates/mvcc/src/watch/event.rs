@@ -4,8 +4,6 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
-
 use api::mvccpb::{event::EventType, Event};
 
 use crate::index::KeyRange;
@@ -100,93 +98,29 @@ impl Batch {
     }
 }
 
-/// Keys and values one growing item holds at most before the watcher's next revisions go in
-/// an item of their own.
-const GROWING_BYTES: usize = 1 << 20;
-
-/// A watcher's events item that is still in its queue: the writer adds the next revisions'
-/// batches to it instead of queueing another item, until the consumer takes it. A consumer
-/// that keeps up gets one revision per response; one that falls behind gets each watcher's
-/// pending revisions in one response (etcd batches a watcher that fell behind the same way),
-/// so the client handles a fraction of the messages for the same events.
-///
-/// The queue holding it counts its bytes: it adds a batch only under the queue's lock
-/// ([`super::stream::Queue::grow`]), and seals it under that lock when the consumer pops it,
-/// so what the queue adds and what it takes away when popping are the same.
-#[derive(Debug)]
-pub(crate) struct Growing {
-    state: Mutex<GrowingState>,
-}
-
-#[derive(Debug)]
-struct GrowingState {
-    batches: Vec<Arc<Batch>>,
-    /// The revision the item is current to.
-    revision: i64,
-    bytes: usize,
-    sealed: bool,
-}
-
-impl Growing {
-    pub(super) fn new(batch: Arc<Batch>, revision: i64) -> Arc<Growing> {
-        Arc::new(Growing {
-            state: Mutex::new(GrowingState {
-                bytes: batch.bytes,
-                batches: vec![batch],
-                revision,
-                sealed: false,
-            }),
-        })
-    }
-
-    /// Adds `batch`, of revision `revision`, unless the item is sealed or would pass
-    /// [`GROWING_BYTES`]; whether it did.
-    pub(super) fn add(&self, batch: &Arc<Batch>, revision: i64) -> bool {
-        let mut st = self.state.lock();
-        if st.sealed || st.bytes + batch.bytes > GROWING_BYTES {
-            return false;
-        }
-        st.bytes += batch.bytes;
-        st.batches.push(batch.clone());
-        st.revision = revision;
-        true
-    }
-
-    /// The bytes it holds.
-    fn bytes(&self) -> usize {
-        self.state.lock().bytes
-    }
-
-    /// Nothing is added after this; the bytes it holds.
-    fn seal(&self) -> usize {
-        let mut st = self.state.lock();
-        st.sealed = true;
-        st.bytes
-    }
-
-    /// The consumer takes the batches and the revision they reach.
-    pub(super) fn take(&self) -> (Vec<Arc<Batch>>, i64) {
-        let mut st = self.state.lock();
-        st.sealed = true;
-        (std::mem::take(&mut st.batches), st.revision)
-    }
-}
+/// Keys and values one events item holds at most while it grows (see [`Item::Events`]) before
+/// the watcher's next revisions go in an item of their own.
+pub(super) const GROWING_BYTES: usize = 1 << 20;
 
 /// A response waiting in a stream's queue; turned into a [`WatchResponse`] by the consumer.
 #[derive(Debug)]
 pub(crate) enum Item {
-    /// The events of `batches` at or after `from_rev` that the watcher wants.
+    /// The events of `batches` at or after `from_rev` that the watcher wants; `bytes`, the
+    /// batches' keys and values, which the queue counts.
+    ///
+    /// While it is in its queue the writer may add the watcher's next revisions' batches to it
+    /// instead of queueing another item (the watcher remembers its place in the queue,
+    /// [`super::stream::Queue::grow`]), so a consumer that keeps up gets one revision per
+    /// response and one that falls behind gets each watcher's pending revisions in one
+    /// response (etcd batches a watcher that fell behind the same way): the client handles a
+    /// fraction of the messages for the same events. It grows only under its queue's lock,
+    /// which the consumer holds to take it.
     Events {
         spec: Arc<Spec>,
         batches: Vec<Arc<Batch>>,
         from_rev: i64,
         revision: i64,
-    },
-    /// The events of a [`Growing`] item at or after `from_rev` that the watcher wants.
-    Growing {
-        spec: Arc<Spec>,
-        growing: Arc<Growing>,
-        from_rev: i64,
+        bytes: usize,
     },
     Progress {
         watch_id: i64,
@@ -200,20 +134,28 @@ pub(crate) enum Item {
 }
 
 impl Item {
-    /// The bytes of keys and values it holds, which its queue counts.
-    pub(super) fn bytes(&self) -> usize {
-        match self {
-            Item::Events { batches, .. } => batches.iter().map(|b| b.bytes).sum(),
-            Item::Growing { growing, .. } => growing.bytes(),
-            _ => 0,
+    /// The events of `batches` at or after `from_rev`, current to `revision`.
+    pub(super) fn events(
+        spec: Arc<Spec>,
+        batches: Vec<Arc<Batch>>,
+        from_rev: i64,
+        revision: i64,
+    ) -> Item {
+        let bytes = batches.iter().map(|b| b.bytes).sum();
+        Item::Events {
+            spec,
+            batches,
+            from_rev,
+            revision,
+            bytes,
         }
     }
 
-    /// Leaves its queue: a growing item takes nothing more. The bytes it holds.
-    pub(super) fn leave(&self) -> usize {
+    /// The bytes of keys and values it holds, which its queue counts.
+    pub(super) fn bytes(&self) -> usize {
         match self {
-            Item::Growing { growing, .. } => growing.seal(),
-            _ => self.bytes(),
+            Item::Events { bytes, .. } => *bytes,
+            _ => 0,
         }
     }
 }

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use api::mvccpb::Event;
 
-use super::event::{event_key, Batch, Growing, Item, Spec};
+use super::event::{event_key, Batch, Item, Spec};
 use super::group::Group;
 use super::stream::Queue;
 use crate::signal::Signal;
@@ -26,9 +26,9 @@ pub(super) struct Watcher {
     /// The first revision it has not been sent.
     pub(super) min_rev: i64,
     pub(super) synced: bool,
-    /// Its events item still in the queue, which the next revisions may join: set only while
-    /// nothing else of this watcher has been queued after it.
-    pub(super) growing: Option<Arc<Growing>>,
+    /// The number in its queue of its events item, which the next revisions may join while
+    /// it is queued: set only while nothing else of this watcher has been queued after it.
+    pub(super) growing: Option<u64>,
 }
 
 pub(super) struct Slot {
@@ -187,13 +187,8 @@ impl HubState {
         let batches: Vec<Arc<Batch>> = self.ring.range(start..).map(|(_, b)| b.clone()).collect();
         let Some(w) = self.get(h) else { return false };
         if !batches.is_empty() {
-            let item = Item::Events {
-                spec: w.spec.clone(),
-                batches,
-                from_rev: w.min_rev,
-                revision: rev,
-            };
-            if !w.queue.push(item, false) {
+            let item = Item::events(w.spec.clone(), batches, w.min_rev, rev);
+            if w.queue.push(item, false).is_none() {
                 return false;
             }
             w.growing = None;
@@ -304,19 +299,14 @@ impl Hub {
             if !w.synced || w.min_rev > rev {
                 continue;
             }
-            if (w.growing.as_ref()).is_some_and(|g| w.queue.grow(g, &batch, rev)) {
+            if (w.growing).is_some_and(|n| w.queue.grow(n, &batch, rev)) {
                 w.min_rev = rev + 1;
                 continue;
             }
-            let growing = Growing::new(batch.clone(), rev);
-            let item = Item::Growing {
-                spec: w.spec.clone(),
-                growing: growing.clone(),
-                from_rev: rev,
-            };
-            if w.queue.push(item, false) {
+            let item = Item::events(w.spec.clone(), vec![batch.clone()], rev, rev);
+            if let Some(n) = w.queue.push(item, false) {
                 w.min_rev = rev + 1;
-                w.growing = Some(growing);
+                w.growing = Some(n);
             } else {
                 // Its stream is full: it catches up once the consumer drains it.
                 st.make_unsynced(h, rev);
@@ -380,7 +370,7 @@ impl Hub {
             watch_id,
             revision: rev,
         };
-        if !queue.push(item, true) {
+        if queue.push(item, true).is_none() {
             return false;
         }
         // Events after the notification go after it: no growing item before it takes them.

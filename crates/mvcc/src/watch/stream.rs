@@ -15,7 +15,7 @@ use api::etcdserverpb::watch_create_request::FilterType;
 use api::etcdserverpb::WatchCreateRequest;
 use api::mvccpb::{event::EventType, Event};
 
-use super::event::{event_rev, Batch, Growing, Item, Spec};
+use super::event::{event_rev, Batch, Item, Spec, GROWING_BYTES};
 use super::events::WatchEvents;
 use crate::error::{Error, Result};
 use crate::index::KeyRange;
@@ -51,6 +51,9 @@ struct QueueState {
     /// A push failed for lack of room; the consumer wakes the watch thread when it drains.
     stalled: bool,
     closed: bool,
+    /// Items popped so far: the item pushed as number `n` is at `items[n - popped]` while
+    /// it is queued.
+    popped: u64,
 }
 
 /// A stream's queue of responses.
@@ -94,8 +97,8 @@ impl Queue {
 
     /// Queues `item` unless the queue is full. `force` (progress notifications, which a client
     /// asks for) may go past the bound up to twice it, so a client that requests progress and
-    /// never reads cannot grow the queue without limit. True if queued.
-    pub(super) fn push(&self, item: Item, force: bool) -> bool {
+    /// never reads cannot grow the queue without limit. Its number in the queue, if queued.
+    pub(super) fn push(&self, item: Item, force: bool) -> Option<u64> {
         let mut s = self.state.lock();
         let full = if force {
             s.items.len() >= self.capacity.saturating_mul(2)
@@ -104,9 +107,10 @@ impl Queue {
         };
         if full {
             s.stalled = true;
-            return false;
+            return None;
         }
         let was_empty = s.items.is_empty();
+        let number = s.popped + s.items.len() as u64;
         s.bytes += item.bytes();
         s.items.push_back(item);
         let waker = if was_empty { s.waker.take() } else { None };
@@ -117,16 +121,35 @@ impl Queue {
         if let Some(w) = waker {
             w.wake();
         }
-        true
+        Some(number)
     }
 
-    /// Adds `batch`, of revision `revision`, to `growing`, an item in this queue, unless it
-    /// was popped, is at its size, or the queue is out of bytes; whether it did.
-    pub(super) fn grow(&self, growing: &Growing, batch: &Arc<Batch>, revision: i64) -> bool {
+    /// Adds `batch`, of revision `revision`, to the events item pushed as `number`, unless it
+    /// was popped, is at its size ([`GROWING_BYTES`]), or the queue is out of bytes; whether
+    /// it did.
+    pub(super) fn grow(&self, number: u64, batch: &Arc<Batch>, revision: i64) -> bool {
         let mut s = self.state.lock();
-        if s.bytes + batch.bytes > MAX_QUEUED_BYTES || !growing.add(batch, revision) {
+        if s.bytes + batch.bytes > MAX_QUEUED_BYTES {
             return false;
         }
+        let Some(at) = number.checked_sub(s.popped) else {
+            return false;
+        };
+        let Some(Item::Events {
+            batches,
+            revision: current,
+            bytes,
+            ..
+        }) = usize::try_from(at).ok().and_then(|at| s.items.get_mut(at))
+        else {
+            return false;
+        };
+        if *bytes + batch.bytes > GROWING_BYTES {
+            return false;
+        }
+        *bytes += batch.bytes;
+        batches.push(batch.clone());
+        *current = revision;
         s.bytes += batch.bytes;
         true
     }
@@ -147,7 +170,8 @@ impl Queue {
         let mut s = self.state.lock();
         loop {
             if let Some(item) = s.items.pop_front() {
-                s.bytes -= item.leave();
+                s.popped += 1;
+                s.bytes -= item.bytes();
                 let kick = s.stalled && s.items.len() <= self.capacity / 2;
                 if kick {
                     s.stalled = false;
@@ -373,15 +397,8 @@ impl WatchStream {
                 batches,
                 from_rev,
                 revision,
+                ..
             } => self.events(&spec, batches, from_rev, revision),
-            Item::Growing {
-                spec,
-                growing,
-                from_rev,
-            } => {
-                let (batches, revision) = growing.take();
-                self.events(&spec, batches, from_rev, revision)
-            }
         }
     }
 

@@ -69,7 +69,7 @@ pub(super) fn sync_round(inner: &Inner) -> Result<bool> {
                 spec: w.spec.clone(),
                 compact_revision: compacted,
             };
-            if w.queue.push(item, false) {
+            if w.queue.push(item, false).is_some() {
                 hub.forget(&mut st, h);
                 progressed = true;
             }
@@ -110,13 +110,8 @@ pub(super) fn sync_round(inner: &Inner) -> Result<bool> {
             continue;
         }
         if wanted.get(&h).is_some_and(|&last| last >= from) {
-            let item = Item::Events {
-                spec: w.spec.clone(),
-                batches: vec![batch.clone()],
-                from_rev: from,
-                revision: snap_rev,
-            };
-            if !w.queue.push(item, false) {
+            let item = Item::events(w.spec.clone(), vec![batch.clone()], from, snap_rev);
+            if w.queue.push(item, false).is_none() {
                 continue;
             }
             w.growing = None;
