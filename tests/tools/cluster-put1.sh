@@ -29,10 +29,7 @@ if [ "$(basename "$exe")" = noop-kv ]; then
   NOOP_FSYNC=1 NOOP_CLIENT=127.0.0.1:23790 NOOP_PEERS=127.0.0.1:23801,127.0.0.1:23802 \
     "$exe" >>"$d/m0.log" 2>&1 &
   pids[0]=$!
-  for _ in $(seq 100); do
-    "$bin/etcdctl" --endpoints 127.0.0.1:23790 put foo v >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  took_write 127.0.0.1:23790 foo || { echo "the no-op cluster took no write" >&2; exit 1; }
   leader=23790
 else
   start_cluster foo

@@ -13,15 +13,21 @@ start_member() { # member index
   pids[$1]=$!
 }
 
+# Waits (15 s at most) until endpoints $1 take a write of key $2; fails if they do not.
+took_write() {
+  for _ in $(seq 150); do
+    "$bin/etcdctl" --endpoints "$1" --dial-timeout 500ms --command-timeout 2s \
+      put "$2" v >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # Starts the three members and waits until the cluster takes a write of key $1.
 start_cluster() {
   local i
   for i in 0 1 2; do start_member "$i"; done
-  for _ in $(seq 150); do
-    "$bin/etcdctl" --endpoints "$eps" --dial-timeout 500ms --command-timeout 2s \
-      put "$1" v >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
+  took_write "$eps" "$1" && return 0
   echo "the cluster took no write; member 0's log:" >&2
   tail -20 "$d/m0.log" >&2
   return 1

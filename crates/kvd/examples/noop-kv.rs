@@ -14,8 +14,9 @@
 //! ```
 //!
 //! Three of them make the floor under a three-member cluster's write
-//! (`tests/tools/cluster-put1.sh` starts them so): a follower (`NOOP_PEER_LISTEN=addr`) takes each length-prefixed message on
-//! a plain TCP connection, does the 4 KiB `fdatasync` and answers one byte; the leader
+//! (`tests/tools/cluster-put1.sh` starts them so): a follower (`NOOP_PEER_LISTEN=addr`) takes
+//! each length-prefixed message on a plain TCP connection, does the 4 KiB `fdatasync` and
+//! answers one byte; the leader
 //! (`NOOP_PEERS=addr,addr`, with `NOOP_FSYNC=1`) sends a put's request to every follower, does
 //! its own fsync, and answers once one follower has (a majority of three): raft's messages and
 //! fsyncs for a write, and nothing else.
@@ -161,6 +162,10 @@ impl Noop {
         if let Some(f) = &self.file {
             sync_page(f);
         }
+        Self::put_response()
+    }
+
+    fn put_response() -> PutResponse {
         PutResponse {
             header: Self::header(),
             ..Default::default()
@@ -226,23 +231,17 @@ impl grpc_wire::Unary for Noop {
             return Box::pin(std::future::ready(Ok(Bytes::from(out))));
         }
         drop(PutRequest::decode(msg.clone()));
-        if self.peers.is_none() {
+        let Some(peers) = self.peers.clone() else {
             let out = self.put().encode_to_vec();
             return Box::pin(std::future::ready(Ok(Bytes::from(out))));
-        }
+        };
         // A leader: its followers and its own fsync.
-        let (peers, file) = (self.peers.clone(), self.file.clone());
+        let file = self.file.clone();
         Box::pin(async move {
-            if let Some(peers) = peers {
-                peers
-                    .replicate(&msg, || file.iter().for_each(|f| sync_page(f)))
-                    .await;
-            }
-            let out = PutResponse {
-                header: Noop::header(),
-                ..Default::default()
-            };
-            Ok(Bytes::from(out.encode_to_vec()))
+            peers
+                .replicate(&msg, || file.iter().for_each(|f| sync_page(f)))
+                .await;
+            Ok(Bytes::from(Noop::put_response().encode_to_vec()))
         })
     }
 }

@@ -299,7 +299,7 @@ impl Hub {
             if !w.synced || w.min_rev > rev {
                 continue;
             }
-            if (w.growing).is_some_and(|n| w.queue.grow(n, &batch, rev)) {
+            if w.growing.is_some_and(|n| w.queue.grow(n, &batch, rev)) {
                 w.min_rev = rev + 1;
                 continue;
             }
