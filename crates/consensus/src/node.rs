@@ -431,6 +431,13 @@ pub(crate) const TAG_PROPOSAL: u8 = 1;
 pub(crate) const TAG_CONF: u8 = 2;
 pub(crate) const TAG_MEMBER_UPDATE: u8 = 3;
 
+/// Where a member's sequence numbers start: the clock, so that a number from an earlier run of
+/// the member (in an entry of the log, in a read request a leader still holds) is not taken
+/// for one of this run's, and members' numbers are apart.
+pub(crate) fn first_seq() -> u64 {
+    (SystemTime::now().duration_since(UNIX_EPOCH)).map_or(1, |d| d.as_nanos() as u64)
+}
+
 pub(crate) fn context(tag: u8, origin: u64, seq: u64, member: Option<&Member>) -> Vec<u8> {
     let mut buf = vec![tag];
     put_u64(&mut buf, origin);
@@ -486,9 +493,7 @@ impl<O: Send + 'static> RaftNode<O> {
         }
         let snapshotter = Snapshotter::new(cfg.dir.join("snap"))?;
         let (tx, rx) = mpsc::channel();
-        let seq0 = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
+        let seq0 = first_seq();
         let shared = Arc::new(Shared {
             id: cfg.id,
             tx,

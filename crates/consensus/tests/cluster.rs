@@ -328,6 +328,46 @@ fn every_member_restarts_from_disk() {
     c.check();
 }
 
+/// A leader's round of heartbeats answers its followers' reads too: two followers' requests
+/// that arrive while the leader's own round is out wait for its next round, one for both.
+/// (raft-rs gives each request a round of its own, three here. It also merges requests of one
+/// context and answers only the first: when the members numbered their rounds alike from 0,
+/// one follower's read waited five heartbeats to be asked again.)
+#[test]
+fn followers_reads_share_the_leaders_rounds() {
+    let c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.heartbeat = Duration::from_millis(40);
+    });
+    let l = c.leader();
+    let fs: Vec<u64> = c.ids.iter().copied().filter(|&i| i != l).collect();
+    let idx = c.propose(l, b"w".to_vec()).unwrap();
+    for _ in 0..3 {
+        c.read_index(l).unwrap();
+    }
+    c.net.set_delay(20);
+    let before = c.net.read_contexts(l, fs[0]).len();
+    let own = c.rt.spawn(c.node(l).read_index());
+    // The followers ask 5 ms later: their requests reach the leader 20 ms into its round.
+    std::thread::sleep(Duration::from_millis(5));
+    let theirs: Vec<_> = fs
+        .iter()
+        .map(|&f| c.rt.spawn(c.node(f).read_index()))
+        .collect();
+    for read in theirs.into_iter().chain([own]) {
+        let ri = c.rt.block_on(read).unwrap().unwrap();
+        assert!(ri.0 >= idx, "read index {} before write {idx}", ri.0);
+    }
+    let seen = c.net.read_contexts(l, fs[0]);
+    let rounds: std::collections::BTreeSet<_> = seen[before..].iter().collect();
+    assert!(
+        rounds.len() <= 2,
+        "three members' reads took rounds {rounds:?}"
+    );
+    c.net.set_delay(0);
+    c.check();
+}
+
 #[test]
 fn reads_are_linearizable_and_batched() {
     let c = Cluster::new(3, |cfg| {
@@ -431,4 +471,52 @@ impl consensus::Transport for NullTransport {
         done.finish(false);
     }
     fn update_members(&mut self, _: &consensus::Members) {}
+}
+
+/// Reads that arrive while a round is out go out as soon as it is answered, in the turn that
+/// takes the answer, not at the next tick or message (a heartbeat's wait, here a second).
+#[test]
+fn reads_waiting_for_a_round_go_out_when_it_is_answered() {
+    let c = Cluster::new(3, |cfg| {
+        fast(cfg);
+        cfg.heartbeat = Duration::from_secs(1);
+    });
+    c.node(1).campaign().unwrap();
+    let l = c.leader();
+    let f = *c.ids.iter().find(|&&i| i != l).unwrap();
+    c.propose(l, b"w".to_vec()).unwrap();
+    c.net.set_delay(20);
+    for _ in 0..4 {
+        let t = Instant::now();
+        let first = c.rt.spawn(c.node(f).read_index());
+        std::thread::sleep(Duration::from_millis(5));
+        let second = c.rt.spawn(c.node(f).read_index());
+        c.rt.block_on(first).unwrap().unwrap();
+        let one = t.elapsed();
+        c.rt.block_on(second).unwrap().unwrap();
+        let two = t.elapsed();
+        assert!(
+            two < one * 2 + Duration::from_millis(300),
+            "the first read took {one:?}, the second, queued behind it, {two:?}"
+        );
+    }
+    c.net.set_delay(0);
+    c.check();
+}
+
+/// A read request from a peer without its context is dropped: raft-rs's leader indexes the
+/// context and would panic, stopping the member.
+#[test]
+fn a_read_request_without_a_context_is_dropped() {
+    let c = Cluster::new(3, fast);
+    let l = c.leader();
+    let f = *c.ids.iter().find(|&&i| i != l).unwrap();
+    let mut m = raft::eraftpb::Message::default();
+    m.set_msg_type(raft::eraftpb::MessageType::MsgReadIndex);
+    (m.from, m.to) = (f, l);
+    c.node(l).inbox().step(m).unwrap();
+    let idx = c.propose(l, b"after".to_vec()).unwrap();
+    assert!(c.read_index(f).unwrap() >= idx);
+    assert_eq!(c.leader(), l);
+    c.check();
 }

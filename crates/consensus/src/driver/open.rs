@@ -20,7 +20,7 @@ use crate::wal::Wal;
 use ids::RaftIndex;
 
 use super::meta::{bootstrap, decode_meta, BOOTSTRAP_INDEX};
-use super::reads::{ReadRound, ReadWaiter};
+use super::reads::{ReadRound, ReadWaiter, RemoteRead};
 
 #[derive(Debug)]
 pub(super) enum Pending {
@@ -46,8 +46,11 @@ pub(crate) struct Driver<O: Send + 'static> {
     pub(super) deadlines: VecDeque<(Instant, Pending)>,
     pub(super) reads_pending: Vec<ReadWaiter>,
     pub(super) reads_inflight: Option<ReadRound>,
+    /// Followers' read requests waiting for this leader's next round.
+    pub(super) reads_remote: Vec<RemoteRead>,
     pub(super) reads_ready: Vec<(u64, Vec<ReadWaiter>)>,
-    /// Sequence of read rounds and membership changes made here.
+    /// Sequence of read rounds and membership changes made here (from the clock: see
+    /// `node::first_seq`).
     pub(super) seq: u64,
     pub(super) applied: u64,
     pub(super) snapshot_index: u64,
@@ -191,8 +194,9 @@ impl<O: Send + 'static> Driver<O> {
             deadlines: VecDeque::new(),
             reads_pending: Vec::new(),
             reads_inflight: None,
+            reads_remote: Vec::new(),
             reads_ready: Vec::new(),
-            seq: 0,
+            seq: crate::node::first_seq(),
             applied: meta.index,
             snapshot_index: meta.index,
             spooling: false,

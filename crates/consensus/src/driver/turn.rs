@@ -22,7 +22,7 @@ use crate::transport::SnapshotDone;
 use ids::{MemberId, RaftIndex};
 
 use super::open::{Driver, Pending};
-use super::reads::ReadWaiter;
+use super::reads::{ReadWaiter, RemoteRead};
 
 /// Commands taken per turn of the raft loop.
 const MAX_BATCH: usize = 4096;
@@ -144,6 +144,12 @@ impl<O: Send + 'static> Driver<O> {
         }
         self.issue_reads();
         self.on_ready()?;
+        if self.reads_inflight.is_none() {
+            // A round answered in that Ready: the reads that waited for it go out now, not at
+            // the next message or tick.
+            self.issue_reads();
+            self.on_ready()?;
+        }
         self.tell_commit(Instant::now())?;
         self.answer_applied();
         if !self.spooling {
@@ -284,6 +290,8 @@ impl<O: Send + 'static> Driver<O> {
         for w in reads {
             let _ = w.reply.send(Err(Error::Stopped));
         }
+        // Followers' requests are not answered: they time out there.
+        self.reads_remote.clear();
     }
 
     pub(super) fn next_seq(&mut self) -> u64 {
@@ -366,6 +374,20 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn step(&mut self, m: Message) {
+        if m.get_msg_type() == MessageType::MsgReadIndex {
+            if m.entries.len() != 1 {
+                // raft-rs's leader would index a missing context and panic.
+                tracing::warn!(from = m.from, "read request without one context; dropped");
+                return;
+            }
+            let Some(m) = self.keep_remote_read(m) else {
+                return;
+            };
+            if let Err(e) = self.raw.step(m) {
+                tracing::debug!("message not taken: {e}");
+            }
+            return;
+        }
         if m.get_msg_type() == MessageType::MsgSnapshot {
             let index = m.get_snapshot().get_metadata().index;
             if !self.shared.snapshotter.recv_path(index).exists() {
@@ -417,13 +439,19 @@ impl<O: Send + 'static> Driver<O> {
         }
         self.reads_ready.retain(|(_, ws)| !ws.is_empty());
         // raft-rs drops a read silently (no leader; a new leader that has not committed in its
-        // term): ask again after a few heartbeats.
+        // term): ask again after a few heartbeats. A follower does so with its own requests,
+        // so a leader keeps theirs no longer than that.
         let retry = self.cfg.heartbeat * 5;
+        let fresh = |r: &RemoteRead| now.duration_since(r.arrived) < retry;
+        self.reads_remote.retain(fresh);
         if let Some(round) = &mut self.reads_inflight {
             expire(&mut round.waiters);
-            if round.waiters.is_empty() || now.duration_since(round.issued) >= retry {
+            round.remote.retain(fresh);
+            let idle = round.waiters.is_empty() && round.remote.is_empty();
+            if idle || now.duration_since(round.issued) >= retry {
                 if let Some(r) = self.reads_inflight.take() {
                     self.reads_pending.extend(r.waiters);
+                    self.reads_remote.extend(r.remote);
                 }
             }
         }

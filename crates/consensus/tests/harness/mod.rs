@@ -155,6 +155,9 @@ impl StateMachine for TestSm {
     }
 }
 
+/// A read round's context, as its heartbeats carry it.
+type Context = Vec<u8>;
+
 /// The network between the members.
 #[derive(Debug, Default)]
 pub struct Net {
@@ -172,6 +175,9 @@ pub struct Net {
     pub snapshots: AtomicU64,
     /// Appends sent, by (from, to), whether delivered or not.
     appends: Mutex<BTreeMap<(u64, u64), u64>>,
+    /// The read contexts heartbeats carried, by (from, to), in order sent: a round's context
+    /// rides on its own heartbeats and on those the leader sends while the round is out.
+    read_contexts: Mutex<BTreeMap<(u64, u64), Vec<Context>>>,
 }
 
 #[derive(Debug)]
@@ -215,6 +221,19 @@ impl Net {
     fn send(&self, m: Message) {
         if m.get_msg_type() == MessageType::MsgAppend {
             *self.appends.lock().entry((m.from, m.to)).or_default() += 1;
+        }
+        if m.get_msg_type() == MessageType::MsgHeartbeat && !m.context.is_empty() {
+            let mut seen = self.read_contexts.lock();
+            seen.entry((m.from, m.to))
+                .or_default()
+                .push(m.context.to_vec());
+            eprintln!(
+                "HB {} -> {} ctx {:?} at {:?}",
+                m.from,
+                m.to,
+                m.context,
+                Instant::now()
+            );
         }
         if self.blocked(m.from, m.to) {
             return;
@@ -264,6 +283,11 @@ impl Net {
     /// The appends `from` has sent `to` so far.
     pub fn appends(&self, from: u64, to: u64) -> u64 {
         self.appends.lock().get(&(from, to)).copied().unwrap_or(0)
+    }
+
+    /// The read contexts of the heartbeats `from` has sent `to` so far.
+    pub fn read_contexts(&self, from: u64, to: u64) -> Vec<Context> {
+        (self.read_contexts.lock().get(&(from, to)).cloned()).unwrap_or_default()
     }
 
     /// Cuts every link between `a` and the rest.
