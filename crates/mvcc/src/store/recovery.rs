@@ -4,9 +4,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use prost::Message;
-
-use api::mvccpb::KeyValue;
 use ids::{LeaseId, RaftIndex};
 
 use super::layout::{
@@ -34,7 +31,8 @@ pub(super) struct Recovered {
 }
 
 /// Rebuilds the index from the `key` bucket and the leases from theirs; reads the meta bucket.
-pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
+/// The map's resident pages are released after every `release_every` bytes of revisions read.
+pub(super) fn restore(db: &pager::Db, path: &Path, release_every: usize) -> Result<Recovered> {
     let tx = db.begin_read()?;
     let meta = tx.bucket(META_BUCKET)?;
     let read_i64 = |k: &[u8]| -> Result<Option<i64>> {
@@ -67,25 +65,35 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
     let mut key_lease: HashMap<Vec<u8>, LeaseId> = HashMap::new();
     let mut index = Index::new();
     let mut rev = 1;
+    let mut read = 0;
     for e in tx.bucket(KEY_BUCKET)?.iter() {
         let (k, v) = e?;
+        read += k.len() + v.len();
+        if read >= release_every {
+            // The pages read so far, and those the kernel mapped around them, leave this
+            // process (they stay in the page cache).
+            read = 0;
+            if let Err(e) = db.release_resident() {
+                tracing::debug!("during the index rebuild: {e}");
+            }
+        }
         let (r, tomb) = Rev::from_key(k)
             .ok_or_else(|| corrupt(path, format!("key bucket entry {k:?} is not a revision")))?;
-        let kv = KeyValue::decode(v).map_err(|e| {
+        let kv = Indexed::decode(v).map_err(|e| {
             corrupt(
                 path,
                 format!("revision {r:?} does not hold a KeyValue: {e}"),
             )
         })?;
         if tomb {
-            index.restore_tombstone(&kv.key, r);
-            key_lease.remove(&kv.key);
+            index.restore_tombstone(kv.key, r);
+            key_lease.remove(kv.key);
         } else {
-            index.restore_put(&kv.key, r, kv.create_revision, kv.version);
+            index.restore_put(kv.key, r, kv.create_revision, kv.version);
             if kv.lease != 0 {
-                key_lease.insert(kv.key, LeaseId(kv.lease));
+                key_lease.insert(kv.key.to_vec(), LeaseId(kv.lease));
             } else {
-                key_lease.remove(&kv.key);
+                key_lease.remove(kv.key);
             }
         }
         rev = r.main;
@@ -95,7 +103,7 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
     }
     drop(tx);
     index.pack();
-    // The scan read every page of values; none is needed in memory for that.
+    // None of the pages the scan read is needed in memory for that.
     if let Err(e) = db.release_resident() {
         tracing::debug!("after the index rebuild: {e}");
     }
@@ -108,4 +116,125 @@ pub(super) fn restore(db: &pager::Db, path: &Path) -> Result<Recovered> {
         applied,
         lessor,
     })
+}
+
+/// What the index needs of a stored `KeyValue`, read in place: the value is skipped by its
+/// length, not copied (`KeyValue::decode` copied every value, the whole database in a restart;
+/// the kernel's read-ahead still brings the value's pages in). Accepts exactly what
+/// `KeyValue::decode` accepts.
+#[derive(Debug, Default, PartialEq)]
+struct Indexed<'a> {
+    key: &'a [u8],
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+}
+
+impl<'a> Indexed<'a> {
+    fn decode(mut buf: &'a [u8]) -> std::result::Result<Self, String> {
+        use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+        let mut kv = Indexed::default();
+        while !buf.is_empty() {
+            let (tag, wire) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+            let known = match tag {
+                1 | 5 => Some(WireType::LengthDelimited),
+                2 | 3 | 4 | 6 => Some(WireType::Varint),
+                _ => None,
+            };
+            if known.is_some_and(|w| w != wire) {
+                return Err(format!("field {tag} has wire type {wire:?}"));
+            }
+            let varint = |buf: &mut &'a [u8]| decode_varint(buf).map(|v| v as i64);
+            match tag {
+                1 => {
+                    let len = decode_varint(&mut buf).map_err(|e| e.to_string())?;
+                    let len = (usize::try_from(len).ok())
+                        .filter(|&len| len <= buf.len())
+                        .ok_or("the key runs past the record")?;
+                    (kv.key, buf) = buf.split_at(len);
+                }
+                2 => kv.create_revision = varint(&mut buf).map_err(|e| e.to_string())?,
+                4 => kv.version = varint(&mut buf).map_err(|e| e.to_string())?,
+                6 => kv.lease = varint(&mut buf).map_err(|e| e.to_string())?,
+                _ => skip_field(wire, tag, &mut buf, DecodeContext::default())
+                    .map_err(|e| e.to_string())?,
+            }
+        }
+        Ok(kv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::mvccpb::KeyValue;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    fn record() -> impl Strategy<Value = KeyValue> {
+        let field = prop_oneof![Just(0i64), any::<i64>()];
+        (
+            any::<Vec<u8>>(),
+            field.clone(),
+            field.clone(),
+            field.clone(),
+            any::<Vec<u8>>(),
+            field,
+        )
+            .prop_map(
+                |(key, create_revision, mod_revision, version, value, lease)| KeyValue {
+                    key,
+                    create_revision,
+                    mod_revision,
+                    version,
+                    value,
+                    lease,
+                },
+            )
+    }
+
+    proptest! {
+        /// Read in place, a stored record gives the index what a full decode gives.
+        #[test]
+        fn the_fields_are_the_decoded_ones(kv in record()) {
+            let buf = kv.encode_to_vec();
+            let got = Indexed::decode(&buf).unwrap();
+            prop_assert_eq!(got, Indexed {
+                key: &kv.key,
+                create_revision: kv.create_revision,
+                version: kv.version,
+                lease: kv.lease,
+            });
+        }
+
+        /// Damaged records: refused exactly when a full decode refuses them, and read alike
+        /// when it does not.
+        #[test]
+        fn damage_is_refused_as_a_full_decode_refuses_it(
+            kv in record(),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in any::<prop::sample::Index>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..6),
+        ) {
+            let mut buf = kv.encode_to_vec();
+            if !buf.is_empty() {
+                for (at, byte) in edits {
+                    let i = at.index(buf.len());
+                    buf[i] = byte;
+                }
+                buf.truncate(cut.index(buf.len() + 1));
+            }
+            buf.extend(tail);
+            match (KeyValue::decode(buf.as_slice()), Indexed::decode(&buf)) {
+                (Ok(full), Ok(got)) => prop_assert_eq!(got, Indexed {
+                    key: &full.key,
+                    create_revision: full.create_revision,
+                    version: full.version,
+                    lease: full.lease,
+                }),
+                (Err(_), Err(_)) => {}
+                (full, got) => prop_assert!(false, "full decode {full:?}, in place {got:?}"),
+            }
+        }
+    }
 }

@@ -323,6 +323,8 @@ pub fn run(ops: Vec<Op>, batch_limit: usize) {
     let opts = StoreOptions {
         batch_limit,
         compaction_batch: 2,
+        // A reopen's rebuild lets go of the map's pages every few revisions.
+        rebuild_release_bytes: 64,
         ..Default::default()
     };
     let mut store = Store::open(&path, opts.clone()).unwrap();
