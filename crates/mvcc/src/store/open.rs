@@ -41,8 +41,9 @@ pub struct StoreOptions {
     /// default 1 s election timeout).
     pub min_lease_ttl: i64,
     /// Bytes of revisions an index rebuild (at open) reads between two releases of the map's
-    /// resident pages (256 MiB): a restart's resident memory stays near the index's instead
-    /// of growing to the whole file (the pages stay in the page cache).
+    /// resident pages (256 MiB; a 64th of the file when that is more): a restart's resident
+    /// memory stays near the index's instead of growing to the whole file (the pages stay in
+    /// the page cache).
     pub rebuild_release_bytes: usize,
 }
 

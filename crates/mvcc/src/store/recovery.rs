@@ -65,6 +65,9 @@ pub(super) fn restore(db: &pager::Db, path: &Path, release_every: usize) -> Resu
     let mut key_lease: HashMap<Vec<u8>, LeaseId> = HashMap::new();
     let mut index = Index::new();
     let mut rev = 1;
+    // Each release walks the whole map's page tables: at most 64 of them, however large the
+    // file (a fixed step would cost the square of its size).
+    let release_every = release_every.max(usize::try_from(db.space().size / 64).unwrap_or(0));
     let mut read = 0;
     for e in tx.bucket(KEY_BUCKET)?.iter() {
         let (k, v) = e?;
