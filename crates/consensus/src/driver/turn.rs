@@ -143,8 +143,9 @@ impl<O: Send + 'static> Driver<O> {
             self.on_tick(Instant::now());
         }
         self.issue_reads();
+        let round_out = self.reads_inflight.is_some();
         self.on_ready()?;
-        if self.reads_inflight.is_none() {
+        if round_out && self.reads_inflight.is_none() {
             // A round answered in that Ready: the reads that waited for it go out now, not at
             // the next message or tick.
             self.issue_reads();
@@ -374,20 +375,18 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn step(&mut self, m: Message) {
-        if m.get_msg_type() == MessageType::MsgReadIndex {
-            if m.entries.len() != 1 {
-                // raft-rs's leader would index a missing context and panic.
-                tracing::warn!(from = m.from, "read request without one context; dropped");
-                return;
-            }
-            let Some(m) = self.keep_remote_read(m) else {
-                return;
-            };
-            if let Err(e) = self.raw.step(m) {
-                tracing::debug!("message not taken: {e}");
-            }
+        if m.get_msg_type() == MessageType::MsgReadIndex && m.entries.len() != 1 {
+            // raft-rs's leader would index a missing context and panic.
+            tracing::warn!(from = m.from, "read request without one context; dropped");
             return;
         }
+        let m = match m.get_msg_type() {
+            MessageType::MsgReadIndex => match self.keep_remote_read(m) {
+                Some(m) => m,
+                None => return,
+            },
+            _ => m,
+        };
         if m.get_msg_type() == MessageType::MsgSnapshot {
             let index = m.get_snapshot().get_metadata().index;
             if !self.shared.snapshotter.recv_path(index).exists() {
