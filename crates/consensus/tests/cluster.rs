@@ -88,29 +88,34 @@ fn a_commit_index_rides_with_the_next_entries() {
     let (f1, f2) = (fs[0], fs[1]);
     c.propose(l, b"settle".to_vec()).unwrap();
     let n = 40;
-    // The appends the leader sends each follower while `n` proposals go through `via`.
+    // The appends the leader sends each follower while `n` proposals go through `via`, and
+    // the answers the proposing follower sends back.
     let appends = |via: u64| {
         let sent = |to| c.net.appends(l, to);
-        let before = [sent(f1), sent(f2)];
+        let before = [sent(f1), sent(f2), c.net.answers(f1, l)];
         for i in 0..n {
             c.propose(via, format!("{via}-{i}").into_bytes()).unwrap();
         }
-        [sent(f1) - before[0], sent(f2) - before[1]]
+        let answers = c.net.answers(f1, l) - before[2];
+        ([sent(f1) - before[0], sent(f2) - before[1]], answers)
     };
     // One append each per proposal (with the last commit index), not two.
-    let through_leader = appends(l);
+    let (through_leader, _) = appends(l);
     assert!(
         through_leader.iter().all(|&a| a <= n + 1),
         "{through_leader:?}"
     );
     // The proposing follower is also sent each commit index alone (a heartbeat may tell it
     // first now and then); the other is not.
-    let [to_f1, to_f2] = appends(f1);
+    let ([to_f1, to_f2], answers) = appends(f1);
     assert!(to_f2 <= n + 1, "{to_f2} appends to the other follower");
     assert!(
         (2 * n - n / 4..=2 * n + 1).contains(&to_f1),
         "{to_f1} appends to the proposer"
     );
+    // It answers the appends that carry its entries, not those that only tell it the index
+    // (an answer at an index the leader knows it holds changes nothing there).
+    assert!(answers <= n + 1, "{answers} answers to {to_f1} appends");
     c.check();
 }
 

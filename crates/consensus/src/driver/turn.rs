@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use raft::eraftpb::{
     ConfChange, ConfChangeSingle, ConfChangeV2, Entry, EntryType, Message, MessageType,
 };
-use raft::{SnapshotStatus, StateRole};
+use raft::{ProgressState, SnapshotStatus, StateRole};
 
 use crate::apply::ApplyTask;
 use crate::node::{
@@ -26,6 +26,13 @@ use super::reads::{ReadWaiter, RemoteRead};
 
 /// Commands taken per turn of the raft loop.
 const MAX_BATCH: usize = 4096;
+
+/// The context of an append that only tells a commit index to a follower whose log the leader
+/// knows holds everything up to the append's index: its answer would tell the leader nothing
+/// (raft-rs's leader takes an answer at or below what it knows to match as a no-op), so the
+/// follower does not send it. raft-rs reads no context on appends; a member without this
+/// answers as before.
+const COMMIT_ONLY: &[u8] = b"commit-only";
 
 impl<O: Send + 'static> Driver<O> {
     /// The raft thread: waits for commands or the next tick, and takes a turn for each wake-up,
@@ -227,6 +234,15 @@ impl<O: Send + 'static> Driver<O> {
         Ok(())
     }
 
+    /// Whether this leader knows follower `id`'s log to hold everything up to `index`, with
+    /// the follower's appends flowing (so an answer at `index` would change nothing).
+    fn matches(&self, id: u64, index: u64) -> bool {
+        let r = &self.raw.raft;
+        r.state == StateRole::Leader
+            && (r.prs().get(id))
+                .is_some_and(|pr| pr.state == ProgressState::Replicate && pr.matched >= index)
+    }
+
     /// Whether follower `id` has not been sent the commit index it can take (the leader's,
     /// as far as its log matches).
     fn untold(&self, id: u64) -> bool {
@@ -375,6 +391,10 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn step(&mut self, m: Message) {
+        if m.get_msg_type() == MessageType::MsgAppend && m.context == COMMIT_ONLY {
+            self.step_commit_only(m);
+            return;
+        }
         if m.get_msg_type() == MessageType::MsgReadIndex && m.entries.len() != 1 {
             // raft-rs's leader would index a missing context and panic.
             tracing::warn!(from = m.from, "read request without one context; dropped");
@@ -400,6 +420,31 @@ impl<O: Send + 'static> Driver<O> {
         }
         if let Err(e) = self.raw.step(m) {
             tracing::debug!("message not taken: {e}");
+        }
+    }
+
+    /// Steps a leader's commit-only append (see [`COMMIT_ONLY`]) and drops raft-rs's answer to
+    /// it when that answer only acknowledges the append's own index in its own term. Any other
+    /// answer goes out: a rejection (the log does not match after all), an index below what was
+    /// committed, a higher term for a stale leader.
+    fn step_commit_only(&mut self, mut m: Message) {
+        m.context.clear();
+        let (from, term, index) = (m.from, m.term, m.index);
+        let had = self.raw.raft.msgs.len();
+        if let Err(e) = self.raw.step(m) {
+            tracing::debug!("message not taken: {e}");
+        }
+        let msgs = &mut self.raw.raft.msgs;
+        let redundant = msgs.len() == had + 1
+            && msgs.last().is_some_and(|a| {
+                a.get_msg_type() == MessageType::MsgAppendResponse
+                    && !a.reject
+                    && a.to == from
+                    && a.term == term
+                    && a.index == index
+            });
+        if redundant {
+            msgs.pop();
         }
     }
 
@@ -462,13 +507,17 @@ impl<O: Send + 'static> Driver<O> {
             return;
         }
         let mut plain = Vec::with_capacity(msgs.len());
-        for m in msgs {
+        for mut m in msgs {
             match m.get_msg_type() {
                 MessageType::MsgAppend | MessageType::MsgHeartbeat => {
                     let told = self.told.entry(m.to).or_default();
                     *told = (*told).max(m.commit);
                     if !m.entries.is_empty() {
                         self.appended_since_due = true;
+                    } else if m.get_msg_type() == MessageType::MsgAppend
+                        && self.matches(m.to, m.index)
+                    {
+                        m.context = COMMIT_ONLY.to_vec().into();
                     }
                 }
                 _ => {}

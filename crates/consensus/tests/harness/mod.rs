@@ -175,6 +175,8 @@ pub struct Net {
     pub snapshots: AtomicU64,
     /// Appends sent, by (from, to), whether delivered or not.
     appends: Mutex<BTreeMap<(u64, u64), u64>>,
+    /// Answers to appends sent, by (from, to), whether delivered or not.
+    answers: Mutex<BTreeMap<(u64, u64), u64>>,
     /// The read contexts heartbeats carried, by (from, to), in order sent: a round's context
     /// rides on its own heartbeats and on those the leader sends while the round is out.
     read_contexts: Mutex<BTreeMap<(u64, u64), Vec<Context>>>,
@@ -227,13 +229,9 @@ impl Net {
             seen.entry((m.from, m.to))
                 .or_default()
                 .push(m.context.to_vec());
-            eprintln!(
-                "HB {} -> {} ctx {:?} at {:?}",
-                m.from,
-                m.to,
-                m.context,
-                Instant::now()
-            );
+        }
+        if m.get_msg_type() == MessageType::MsgAppendResponse {
+            *self.answers.lock().entry((m.from, m.to)).or_default() += 1;
         }
         if self.blocked(m.from, m.to) {
             return;
@@ -283,6 +281,11 @@ impl Net {
     /// The appends `from` has sent `to` so far.
     pub fn appends(&self, from: u64, to: u64) -> u64 {
         self.appends.lock().get(&(from, to)).copied().unwrap_or(0)
+    }
+
+    /// The answers to appends `from` has sent `to` so far.
+    pub fn answers(&self, from: u64, to: u64) -> u64 {
+        self.answers.lock().get(&(from, to)).copied().unwrap_or(0)
     }
 
     /// The read contexts of the heartbeats `from` has sent `to` so far.
