@@ -329,6 +329,9 @@ fn zero_file(path: &Path, size: u64) -> Result<()> {
     r
 }
 
+/// The size of the writes that zero-fill a preallocated segment (see `fill_zeros`).
+const ZERO_FILL_WRITE: usize = 64 << 10;
+
 fn fill_zeros(path: &Path, size: u64) -> Result<()> {
     let mut f = io(
         "create",
@@ -339,7 +342,11 @@ fn fill_zeros(path: &Path, size: u64) -> Result<()> {
             .truncate(true)
             .open(path),
     )?;
-    let chunk = vec![0u8; 1 << 20];
+    // Small writes: the page cache keeps the file in folios the size of the writes that made
+    // them, and every later append into a large folio costs the kernel more (ext4 walks all
+    // its blocks at each write and at each fdatasync): zero-filled in 1 MiB writes, a
+    // 300-byte append + fdatasync took ~2.5 µs more CPU than in 64 KiB or 4 KiB writes.
+    let chunk = vec![0u8; ZERO_FILL_WRITE];
     let mut left = size;
     while left > 0 {
         let n = left.min(chunk.len() as u64) as usize;
