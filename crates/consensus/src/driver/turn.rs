@@ -425,8 +425,9 @@ impl<O: Send + 'static> Driver<O> {
 
     /// Steps a leader's commit-only append (see [`COMMIT_ONLY`]) and drops raft-rs's answer to
     /// it when that answer only acknowledges the append's own index in its own term. Any other
-    /// answer goes out: a rejection (the log does not match after all), an index below what was
-    /// committed, a higher term for a stale leader.
+    /// answer goes out: a rejection (the log does not match after all), one at another index
+    /// (raft-rs answers an append below its commit index with that commit index), one in a
+    /// higher term (to a stale leader), or more than one message.
     fn step_commit_only(&mut self, mut m: Message) {
         m.context.clear();
         let (from, term, index) = (m.from, m.term, m.index);
