@@ -1,9 +1,11 @@
-//! The gRPC peer transport on loopback: members in one process, each with its own peer server on
-//! a free port, talking over real HTTP/2 connections.
+//! The peer transport on loopback: members in one process, each with its own peer server on a
+//! free port, talking over real connections — framed raft streams where both ends speak them,
+//! gRPC (HTTP/2) where the receiving end serves only that.
 
 mod harness;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +37,10 @@ struct Net {
     dir: tempfile::TempDir,
     listeners: BTreeMap<u64, std::net::TcpListener>,
     members: Vec<Member>,
+    /// Peer servers that serve only gRPC, as a member from before the framed stream.
+    grpc_only: bool,
+    /// Connections the peer servers took as framed raft streams.
+    framed: Arc<AtomicUsize>,
 }
 
 impl Net {
@@ -62,7 +68,14 @@ impl Net {
             dir: tempfile::tempdir().unwrap(),
             listeners,
             members,
+            grpc_only: false,
+            framed: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    fn grpc_only(mut self) -> Net {
+        self.grpc_only = true;
+        self
     }
 
     /// Puts a URL where nothing listens before member `id`'s own: a free port below the
@@ -95,21 +108,45 @@ impl Net {
         );
         let errors = t.errors();
         let node = RaftNode::start(cfg, Start::NewCluster(self.members.clone()), sm, t).unwrap();
-        let svc = PeerService::new(id, cluster, node.inbox()).into_server();
+        let raft = PeerService::new(id, cluster, node.inbox());
+        let svc = raft.clone().into_server();
         let listener = self.listeners.remove(&n).unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        self.rt.spawn(async move {
+        // As kvd's peer port: a connection whose first byte is the framed stream's goes to
+        // it, any other to the gRPC server.
+        let (conns, incoming) = tokio::sync::mpsc::channel(16);
+        let (grpc_only, framed) = (self.grpc_only, self.framed.clone());
+        let accept = self.rt.spawn(async move {
             let l = TcpListener::from_std(listener).unwrap();
+            while let Ok((mut sock, _)) = l.accept().await {
+                let (conns, raft, framed) = (conns.clone(), raft.clone(), framed.clone());
+                tokio::spawn(async move {
+                    let Ok((_, first)) = grpc_wire::sniff(&mut sock).await else {
+                        return;
+                    };
+                    let is_framed = first.first() == consensus::grpc::MAGIC.first();
+                    let sock = grpc_wire::Rewind::new(first, sock);
+                    if is_framed && !grpc_only {
+                        framed.fetch_add(1, Ordering::Relaxed);
+                        raft.serve_framed(sock).await;
+                    } else {
+                        let _ = conns.send(Ok::<_, std::io::Error>(sock)).await;
+                    }
+                });
+            }
+        });
+        self.rt.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(l),
+                    tokio_stream::wrappers::ReceiverStream::new(incoming),
                     async {
                         let _ = rx.await;
                     },
                 )
                 .await
                 .unwrap();
+            accept.abort();
         });
         Running {
             node,
@@ -127,8 +164,17 @@ fn tune(c: &mut Config) {
 }
 
 #[test]
-fn a_cluster_over_grpc_replicates_and_sends_snapshots() {
-    member_3_catches_up_by_snapshot(Net::new(&[1, 2, 3]));
+fn a_cluster_over_framed_streams_replicates_and_sends_snapshots() {
+    let net = Net::new(&[1, 2, 3]);
+    let framed = net.framed.clone();
+    member_3_catches_up_by_snapshot(net);
+    // Every member's link to each of its two peers.
+    assert!(framed.load(Ordering::Relaxed) >= 6, "{framed:?}");
+}
+
+#[test]
+fn a_cluster_replicates_over_grpc_where_peers_serve_only_grpc() {
+    member_3_catches_up_by_snapshot(Net::new(&[1, 2, 3]).grpc_only());
 }
 
 #[test]
@@ -187,7 +233,15 @@ fn member_3_catches_up_by_snapshot(mut net: Net) {
 
 #[test]
 fn a_peer_from_another_cluster_is_refused_on_both_sides() {
-    let mut net = Net::new(&[1, 2]);
+    another_cluster_is_refused(Net::new(&[1, 2]));
+}
+
+#[test]
+fn a_peer_from_another_cluster_is_refused_on_both_sides_over_grpc() {
+    another_cluster_is_refused(Net::new(&[1, 2]).grpc_only());
+}
+
+fn another_cluster_is_refused(mut net: Net) {
     // Same member ids and URLs, different cluster ids (say, another --initial-cluster-token).
     let a = net.start(1, 0xaaaa, harness::fast);
     let b = net.start(2, 0xbbbb, harness::fast);

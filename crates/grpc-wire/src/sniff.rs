@@ -56,6 +56,15 @@ impl<T> Rewind<T> {
     }
 }
 
+/// For a tonic server: the connection's information is the wrapped one's.
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Rewind<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,

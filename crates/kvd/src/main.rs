@@ -156,14 +156,13 @@ fn serve(f: ServeFlags) -> Result<()> {
         let weak = Arc::downgrade(&core);
         let members: consensus::grpc::MembersFn =
             Arc::new(move || weak.upgrade().map(|c| c.node.members()).unwrap_or_default());
-        let svc = PeerService::new(p.id, p.cluster_id, inbox.clone())
-            .with_members(members)
-            .into_server();
-        let routes = rpc::peer_services(&core).add_service(svc);
+        let raft = PeerService::new(p.id, p.cluster_id, inbox.clone()).with_members(members);
+        let routes = rpc::peer_services(&core).add_service(raft.clone().into_server());
         servers.push(peer_port::spawn(
             &rt,
             b,
             routes,
+            raft,
             peer_tls.clone(),
             stop_rx.clone(),
         ));

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use consensus::grpc::PeerService;
+use grpc_wire::Rewind;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -17,11 +19,13 @@ pub struct PeerTls {
     pub check_san: bool,
 }
 
-/// Serves `routes` on `b` until `stop` turns true.
+/// Serves `routes` on `b` until `stop` turns true, and `raft`'s framed streams (a connection
+/// whose first byte is [`consensus::grpc::MAGIC`]'s, which no HTTP/2 connection's is).
 pub fn spawn(
     rt: &tokio::runtime::Runtime,
     b: Bound,
     routes: tonic::service::Routes,
+    raft: PeerService,
     tls: Option<PeerTls>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
@@ -31,7 +35,7 @@ pub fn spawn(
         .map(|a| a.to_string())
         .unwrap_or_default();
     tracing::info!(%addr, tls = b.tls, "serving peer traffic");
-    let (tx, rx) = mpsc::channel::<std::io::Result<Stream>>(64);
+    let (tx, rx) = mpsc::channel::<std::io::Result<Rewind<Stream>>>(64);
     let tls = tls.filter(|_| b.tls);
     let plain = b.plain;
     let mut accept_stop = stop.clone();
@@ -50,9 +54,21 @@ pub fn spawn(
                 }
             };
             // Each handshake on its own task: a peer that stalls in it holds up no other.
-            let (tx, tls) = (tx.clone(), tls.clone());
+            let (tx, tls, raft) = (tx.clone(), tls.clone(), raft.clone());
             tokio::spawn(async move {
-                if let Some(s) = accept(sock, tls, plain).await {
+                let Some(mut s) = accept(sock, tls, plain).await else {
+                    return;
+                };
+                let first =
+                    tokio::time::timeout(listen::HANDSHAKE_TIMEOUT, grpc_wire::sniff(&mut s));
+                let Ok(Ok((_, first))) = first.await else {
+                    return;
+                };
+                let framed = first.first() == consensus::grpc::MAGIC.first();
+                let s = Rewind::new(first, s);
+                if framed {
+                    raft.serve_framed(s).await;
+                } else {
                     let _ = tx.send(Ok(s)).await;
                 }
             });

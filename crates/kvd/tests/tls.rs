@@ -559,6 +559,15 @@ fn a_cluster_over_peer_tls_refuses_a_member_with_a_certificate_of_another_ca() {
     let mut ca = Ca::new(&pki, "cluster");
     let (ms, procs, ctl) = tls_cluster(dir.path(), &mut ca, &["--peer-cert-allowed-cn=member"]);
     let eps: Vec<String> = ms.iter().map(Addrs::endpoint).collect();
+    // Raft's messages go over TLS in framed streams, not through gRPC.
+    common::wait_for("every member's framed streams to its peers", 20, || {
+        procs.iter().all(|p| {
+            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+            log.matches("peer became active").count() >= 2
+                && log.contains(r#""stream":"framed""#)
+                && !log.contains(r#""stream":"grpc""#)
+        })
+    });
     // Writes replicate; a follower forwards lease keep-alives to the leader over peer TLS.
     assert_eq!(run(&eps[0], &ctl, &["put", "k", "v"]).0, 0);
     for ep in &eps {

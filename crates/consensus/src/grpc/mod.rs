@@ -1,21 +1,25 @@
-//! The peer transport over gRPC (tonic, HTTP/2): kvd's own `proto/kvd/peer.proto`.
+//! The peer transport: raft's messages framed on the peer connection (`framed`), and gRPC
+//! (tonic, HTTP/2; kvd's own `proto/kvd/peer.proto`) for snapshots, probes, joins and the
+//! stream of members from before the framed one.
 //!
 //! Sending: one task per peer keeps one long-lived stream open and writes batches — everything
-//! queued for that peer since the last write goes in one `Batch`, so a busy leader pipelines
-//! many appends per HTTP/2 frame. A broken or refused stream is reopened with exponential
-//! backoff; raft is told the peer is unreachable and resends what was lost. Snapshots go in
-//! their own call, in 1 MiB chunks that HTTP/2 flow control paces.
+//! queued for that peer since the last write goes in one write, so a busy leader pipelines
+//! many appends per write. A broken or refused stream is reopened with exponential backoff;
+//! raft is told the peer is unreachable and resends what was lost. A peer that does not answer
+//! the framed stream's opening gets the gRPC stream. Snapshots go in their own call, in 1 MiB
+//! chunks that HTTP/2 flow control paces.
 //!
-//! Receiving: [`PeerService`] checks every stream's cluster id and target member (request
-//! metadata) before anything is read; a peer from another cluster is refused with
+//! Receiving: [`PeerService`] checks every stream's cluster id and target member (the framed
+//! stream's opening, a gRPC call's metadata) before anything else is read; a peer from another cluster is refused with
 //! FAILED_PRECONDITION naming both clusters, and the sender records and logs that refusal, so
 //! both sides say what is wrong.
 //!
-//! Its parts: `wire` (what both sides share: request metadata, identity checks, limits),
-//! `service` (receiving), `sender` (the [`Transport`](crate::transport::Transport) with one
-//! stream per peer), `probe` (round-trip times), `snapshot` (sending one), `join` (asking a
-//! peer for the cluster).
+//! Its parts: `framed` (the framed stream, both sides), `wire` (what both sides share: request
+//! metadata, identity checks, limits), `service` (receiving), `sender` (the
+//! [`Transport`](crate::transport::Transport) with one stream per peer), `probe` (round-trip
+//! times), `snapshot` (sending one), `join` (asking a peer for the cluster).
 
+mod framed;
 mod join;
 mod probe;
 mod sender;
@@ -29,6 +33,7 @@ pub mod pb {
     tonic::include_proto!("kvdpeer");
 }
 
+pub use framed::MAGIC;
 pub use join::{fetch_members, FetchError};
 pub use sender::GrpcTransport;
 pub use service::{MembersFn, PeerService};

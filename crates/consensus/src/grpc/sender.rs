@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::framed::{self, Ended};
 use super::pb::Batch;
 use super::probe::{probe, Prober};
 use super::snapshot::send_snapshot;
@@ -177,7 +178,15 @@ pub(super) async fn run_peer(
     loop {
         let url = &urls[attempt % urls.len()];
         attempt += 1;
-        match stream_to(ident, &dialer, to, url, &mut rx, &errors, &active).await {
+        let link = LinkTo {
+            ident,
+            dialer: &dialer,
+            to,
+            url,
+            errors: &errors,
+            active: &active,
+        };
+        match link.stream(&mut rx).await {
             Ok(()) => return, // the node dropped this peer
             Err(e) if e.contains(REMOVED) => {
                 tracing::warn!(peer = %to, "{e}");
@@ -199,78 +208,117 @@ pub(super) async fn run_peer(
     }
 }
 
-pub(super) async fn stream_to(
+/// One attempt at a link to peer `to` at `url`.
+struct LinkTo<'a> {
     ident: Ident,
-    dialer: &Dialer,
+    dialer: &'a Dialer,
     to: MemberId,
-    url: &str,
-    rx: &mut mpsc::Receiver<Message>,
-    errors: &Mutex<HashMap<MemberId, String>>,
-    active: &Mutex<HashMap<MemberId, std::time::Instant>>,
-) -> Result<(), String> {
-    // A peer that accepts connections but never answers must not hold the link forever.
-    let open = async {
-        let mut client = connect(dialer, url).await?;
-        let (btx, brx) = mpsc::channel::<Batch>(16);
-        let req = request(ReceiverStream::new(brx), ident, to);
-        let mut resp = client
-            .stream(req)
-            .await
-            .map_err(|s| refused(url, s))?
-            .into_inner();
-        match resp.message().await {
-            Ok(Some(h)) => check_hello(ident, to, url, &h)?,
-            Ok(None) => return Err(format!("{url} closed the stream")),
-            Err(s) => return Err(refused(url, s)),
-        }
-        Ok((btx, resp))
-    };
-    let (btx, mut resp) = tokio::time::timeout(OPEN_TIMEOUT, open)
-        .await
-        .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
-    errors.lock().remove(&to);
-    let since = std::time::Instant::now();
-    active.lock().insert(to, since);
-    let _up = Up {
-        active,
-        me: ident.me,
-        to,
-        since,
-    };
-    Up::gauge(ident.me, to).set(1);
-    let sent = crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]);
-    let _prober = Prober(tokio::spawn(probe(
-        ident,
-        dialer.clone(),
-        to,
-        url.to_string(),
-    )));
-    loop {
-        tokio::select! {
-            m = rx.recv() => {
-                let Some(m) = m else { return Ok(()) };
-                let mut batch = Batch {
-                    cluster_id: ident.cluster.0,
-                    from: ident.me.0,
-                    to: to.0,
-                    messages: Vec::new(),
-                };
-                let mut bytes = 0;
-                let mut next = Some(m);
-                while let Some(m) = next {
-                    let b = m.write_to_bytes().map_err(|e| format!("encode: {e}"))?;
-                    bytes += b.len();
-                    batch.messages.push(b);
-                    next = if bytes < BATCH_BYTES { rx.try_recv().ok() } else { None };
-                }
-                btx.send(batch).await.map_err(|_| format!("stream to {url} closed"))?;
-                sent.inc_by(bytes as u64);
+    url: &'a str,
+    errors: &'a Mutex<HashMap<MemberId, String>>,
+    active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+}
+
+/// What holds while a peer's stream is up: it counts as active (etcd's `ActiveSince`), its
+/// error is cleared, its round trip is probed; `sent` counts the bytes sent to it.
+struct Opened<'a> {
+    _up: Up<'a>,
+    _prober: Prober,
+    sent: prometheus::IntCounter,
+}
+
+impl<'a> LinkTo<'a> {
+    /// The framed stream, or the gRPC stream where the peer does not speak it, until the node
+    /// drops the link (`Ok`) or the stream fails.
+    async fn stream(&self, rx: &mut mpsc::Receiver<Message>) -> Result<(), String> {
+        match framed::open(self.ident, self.dialer, self.to, self.url).await {
+            Ok(link) => {
+                let up = self.opened("framed");
+                framed::pump(link, self.url, rx, &up.sent).await
             }
-            r = resp.message() => {
-                return Err(match r {
-                    Ok(_) => format!("{url} ended the stream"),
-                    Err(s) => refused(url, s),
-                });
+            Err(Ended::NotFramed) => self.grpc_stream(rx).await,
+            Err(Ended::Failed(e)) => Err(e),
+        }
+    }
+
+    /// The stream is up (`stream` names its kind, for the log).
+    fn opened(&self, stream: &'static str) -> Opened<'a> {
+        let (ident, to, url) = (self.ident, self.to, self.url);
+        // As etcd's "peer became active", once per link that comes up.
+        if self.errors.lock().remove(&to).is_some() || !self.active.lock().contains_key(&to) {
+            tracing::info!(peer = %to, %url, stream, "peer became active");
+        }
+        let since = std::time::Instant::now();
+        self.active.lock().insert(to, since);
+        Up::gauge(ident.me, to).set(1);
+        Opened {
+            _up: Up {
+                active: self.active,
+                me: ident.me,
+                to,
+                since,
+            },
+            _prober: Prober(tokio::spawn(probe(
+                ident,
+                self.dialer.clone(),
+                to,
+                url.to_string(),
+            ))),
+            sent: crate::metrics::PEER_SENT_BYTES.with_label_values(&[&crate::metrics::peer(to)]),
+        }
+    }
+
+    /// The gRPC stream (what members from before the framed stream serve).
+    async fn grpc_stream(&self, rx: &mut mpsc::Receiver<Message>) -> Result<(), String> {
+        let (ident, dialer, to, url) = (self.ident, self.dialer, self.to, self.url);
+        // A peer that accepts connections but never answers must not hold the link forever.
+        let open = async {
+            let mut client = connect(dialer, url).await?;
+            let (btx, brx) = mpsc::channel::<Batch>(16);
+            let req = request(ReceiverStream::new(brx), ident, to);
+            let mut resp = client
+                .stream(req)
+                .await
+                .map_err(|s| refused(url, s))?
+                .into_inner();
+            match resp.message().await {
+                Ok(Some(h)) => check_hello(ident, to, url, &h)?,
+                Ok(None) => return Err(format!("{url} closed the stream")),
+                Err(s) => return Err(refused(url, s)),
+            }
+            Ok((btx, resp))
+        };
+        let (btx, mut resp) = tokio::time::timeout(OPEN_TIMEOUT, open)
+            .await
+            .map_err(|_| format!("{url} did not answer within {OPEN_TIMEOUT:?}"))??;
+        let up = self.opened("grpc");
+        let sent = &up.sent;
+        loop {
+            tokio::select! {
+                m = rx.recv() => {
+                    let Some(m) = m else { return Ok(()) };
+                    let mut batch = Batch {
+                        cluster_id: ident.cluster.0,
+                        from: ident.me.0,
+                        to: to.0,
+                        messages: Vec::new(),
+                    };
+                    let mut bytes = 0;
+                    let mut next = Some(m);
+                    while let Some(m) = next {
+                        let b = m.write_to_bytes().map_err(|e| format!("encode: {e}"))?;
+                        bytes += b.len();
+                        batch.messages.push(b);
+                        next = if bytes < BATCH_BYTES { rx.try_recv().ok() } else { None };
+                    }
+                    btx.send(batch).await.map_err(|_| format!("stream to {url} closed"))?;
+                    sent.inc_by(bytes as u64);
+                }
+                r = resp.message() => {
+                    return Err(match r {
+                        Ok(_) => format!("{url} ended the stream"),
+                        Err(s) => refused(url, s),
+                    });
+                }
             }
         }
     }

@@ -68,6 +68,17 @@ impl PeerService {
         let cluster: ClusterId = meta_id(md, META_CLUSTER)?;
         let from: MemberId = meta_id(md, META_FROM)?;
         let to: MemberId = meta_id(md, META_TO)?;
+        self.admit_ids(cluster, from, to)
+    }
+
+    /// Refuses a peer of another cluster, a removed member, or a stream meant for another
+    /// member: the ids a stream opened with.
+    pub(super) fn admit_ids(
+        &self,
+        cluster: ClusterId,
+        from: MemberId,
+        to: MemberId,
+    ) -> Result<MemberId, Status> {
         if cluster != self.cluster_id {
             tracing::error!(
                 peer = %from,

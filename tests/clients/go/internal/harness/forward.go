@@ -48,9 +48,10 @@ func Forward(tb TB, to string) *Forwarder {
 	return f
 }
 
-// ForwardPeer is Forward for a member's peer port: it identifies senders (kvd's gRPC peer
-// streams carry the sender's member id in every request, etcd's HTTP requests in the
-// X-Server-From header), so that SetBlock can partition chosen members from this one.
+// ForwardPeer is Forward for a member's peer port: it identifies senders (kvd's framed raft
+// streams name the sender in their opening, its gRPC peer calls carry the sender's member id
+// in every request, etcd's HTTP requests in the X-Server-From header), so that SetBlock can
+// partition chosen members from this one.
 func ForwardPeer(tb TB, to string) *Forwarder {
 	f := Forward(tb, to)
 	f.mu.Lock()
@@ -226,11 +227,22 @@ func (f *Forwarder) Senders() map[string]int {
 
 const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
+// kvd's framed raft stream opens with this, then its cluster id, its member id and the
+// target's (8 bytes each, little-endian).
+const framedMagic = "\x00kvdraft"
+
 // sender reads the member that opened a peer connection from its first bytes: how many of
 // them can go through before that is known, the sender's id in hex ("?" if the request names
 // none), and whether it is decided. A connection that has sent no message yet is undecided.
 func sender(b []byte) (safe int, from string, decided bool) {
 	const most = 256 << 10
+	if n := min(len(b), len(framedMagic)); n > 0 && string(b[:n]) == framedMagic[:n] {
+		if len(b) < len(framedMagic)+24 {
+			return 0, "?", false
+		}
+		from := binary.LittleEndian.Uint64(b[len(framedMagic)+8:])
+		return 0, strconv.FormatUint(from, 16), true
+	}
 	if len(b) < len(h2Preface) {
 		if !bytes.HasPrefix([]byte(h2Preface), b) && bytes.Contains(b, []byte("\r\n\r\n")) {
 			return 0, httpSender(b), true

@@ -1,0 +1,475 @@
+//! Raft messages as length-delimited frames on the peer connection itself: the stream every
+//! member opens to each peer, without HTTP/2 under it.
+//!
+//! Why: a member's share of a replicated write is a few small messages, and carrying each
+//! batch through tonic and h2 cost a task hand-off at each end (the sender's task into the
+//! connection's, the connection's into the receiver's), HTTP/2 framing and flow-control
+//! updates — a visible part of a three-member write's CPU against a cluster that only
+//! exchanges its messages over TCP. etcd's own peer streams are likewise its encoding of raft
+//! messages on a long-lived HTTP/1 body, not gRPC.
+//!
+//! The conversation, after the connection (and its TLS) is up, all integers little-endian:
+//! - the sender: [`MAGIC`], then its cluster id, its member id and the member it means to
+//!   reach (`u64` each);
+//! - the receiver: [`MAGIC`], then either `OK` with its cluster and member ids (`u64` each) or
+//!   `REFUSED` with a `u32` length and the reason (UTF-8) before it closes: the same checks and
+//!   words as the gRPC stream's;
+//! - then the sender writes frames, each a varint length and one encoded raft message (length
+//!   0: a keep-alive), and the receiver writes single records back: `KEEPALIVE`, or `REFUSED`
+//!   with its reason (a member removed meanwhile, a message it cannot read) before closing.
+//!
+//! Each side writes a keep-alive when it has written nothing for [`KEEPALIVE`] and gives the
+//! link up when it has read nothing for [`DEAD`] (HTTP/2's pings did this for the gRPC
+//! stream). A receiver that does not speak this (an older member's peer port, a gRPC server)
+//! answers without the magic: the sender then opens the gRPC stream instead.
+
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
+};
+use tokio::sync::mpsc;
+
+use super::service::PeerService;
+use super::wire::{check_hello, removed, Ident, MAX_MESSAGE, OPEN_TIMEOUT, REMOVED};
+use crate::dial::{Dialer, PeerStream};
+use ids::{ClusterId, MemberId};
+
+/// What both sides write first. It starts with a NUL byte, which begins neither HTTP/2's
+/// preface nor any HTTP/1 request: a peer port tells this stream from gRPC by its first byte.
+pub const MAGIC: &[u8; 8] = b"\0kvdraft";
+/// A receiver's answer and records.
+const OK: u8 = 1;
+const REFUSED: u8 = 2;
+const KEEPALIVE_RECORD: u8 = 0;
+/// Write a keep-alive after this long without writing.
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(1);
+/// Give a link up after this long without reading anything.
+pub(super) const DEAD: Duration = Duration::from_secs(10);
+/// The longest reason a refusal carries.
+const MAX_REASON: usize = 4096;
+
+/// Why a framed stream ended.
+#[derive(Debug)]
+pub(super) enum Ended {
+    /// The peer answered the opening without the magic: it serves only gRPC.
+    NotFramed,
+    /// A failure to report (as the gRPC stream's errors are).
+    Failed(String),
+}
+
+impl From<String> for Ended {
+    fn from(e: String) -> Self {
+        Ended::Failed(e)
+    }
+}
+
+/// An open framed stream to a peer.
+pub(super) struct Link {
+    r: BufReader<ReadHalf<PeerStream>>,
+    w: WriteHalf<PeerStream>,
+}
+
+/// Opens the framed stream to peer `to` at `url` and checks who answered.
+pub(super) async fn open(
+    ident: Ident,
+    dialer: &Dialer,
+    to: MemberId,
+    url: &str,
+) -> Result<Link, Ended> {
+    let open = async {
+        let io = dialer
+            .stream(url)
+            .await
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        let (r, mut w) = tokio::io::split(io);
+        let mut r = BufReader::new(r);
+        let mut hello = Vec::with_capacity(MAGIC.len() + 24);
+        hello.extend_from_slice(MAGIC);
+        for id in [ident.cluster.0, ident.me.0, to.0] {
+            hello.extend_from_slice(&id.to_le_bytes());
+        }
+        let io_err = |e: std::io::Error| format!("{url}: {e}");
+        w.write_all(&hello).await.map_err(io_err)?;
+        w.flush().await.map_err(io_err)?;
+        let mut magic = [0u8; MAGIC.len()];
+        if r.read_exact(&mut magic).await.is_err() || &magic != MAGIC {
+            return Err(Ended::NotFramed);
+        }
+        match r.read_u8().await.map_err(io_err)? {
+            OK => {
+                let cluster = r.read_u64_le().await.map_err(io_err)?;
+                let member = r.read_u64_le().await.map_err(io_err)?;
+                let h = super::pb::Hello {
+                    cluster_id: cluster,
+                    member_id: member,
+                };
+                check_hello(ident, to, url, &h)?;
+            }
+            REFUSED => {
+                let why = read_reason(&mut r).await.map_err(io_err)?;
+                return Err(refused(url, &why).into());
+            }
+            b => return Err(format!("{url}: unexpected answer {b}").into()),
+        }
+        Ok::<_, Ended>(Link { r, w })
+    };
+    match tokio::time::timeout(OPEN_TIMEOUT, open).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("{url} did not answer within {OPEN_TIMEOUT:?}").into()),
+    }
+}
+
+/// Writes what `rx` brings to the open stream until the node drops the link (`Ok`) or the
+/// stream fails; `sent` counts the bytes.
+pub(super) async fn pump(
+    link: Link,
+    url: &str,
+    rx: &mut mpsc::Receiver<Message>,
+    sent: &prometheus::IntCounter,
+) -> Result<(), String> {
+    let Link { mut r, mut w } = link;
+    let mut buf = Vec::new();
+    let mut last_read = Instant::now();
+    let mut last_write = Instant::now();
+    let mut tick = tokio::time::interval(KEEPALIVE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            m = rx.recv() => {
+                let Some(m) = m else { return Ok(()) };
+                let mut next = Some(m);
+                while let Some(m) = next {
+                    encode(&m, &mut buf)?;
+                    next = if buf.len() < super::sender::BATCH_BYTES {
+                        rx.try_recv().ok()
+                    } else {
+                        None
+                    };
+                }
+                write(&mut w, &buf, url).await?;
+                sent.inc_by(buf.len() as u64);
+                buf.clear();
+                last_write = Instant::now();
+            }
+            b = r.read_u8() => {
+                match b {
+                    Ok(KEEPALIVE_RECORD) => last_read = Instant::now(),
+                    Ok(REFUSED) => {
+                        let why = tokio::time::timeout(OPEN_TIMEOUT, read_reason(&mut r))
+                            .await
+                            .unwrap_or_else(|_| Ok("(cut off)".into()))
+                            .unwrap_or_else(|e| format!("(cut off: {e})"));
+                        return Err(refused(url, &why));
+                    }
+                    Ok(b) => return Err(format!("{url}: unexpected record {b}")),
+                    Err(_) => return Err(format!("{url} ended the stream")),
+                }
+            }
+            _ = tick.tick() => {
+                if last_read.elapsed() >= DEAD {
+                    return Err(format!("{url}: nothing heard for {DEAD:?}"));
+                }
+                if last_write.elapsed() >= KEEPALIVE {
+                    write(&mut w, &[0], url).await?;
+                    last_write = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// The error a refusal reads as (the gRPC stream's words, so a removal reads the same).
+fn refused(url: &str, why: &str) -> String {
+    format!("{url} refused the stream: {why}")
+}
+
+/// Appends `m` as a frame.
+fn encode(m: &Message, buf: &mut Vec<u8>) -> Result<(), String> {
+    m.write_length_delimited_to_vec(buf)
+        .map_err(|e| format!("encode: {e}"))
+}
+
+/// Writes `bytes` (and flushes: TLS holds what it is given until then), within [`DEAD`]: a
+/// peer that stops reading must not hold the link forever.
+async fn write<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], url: &str) -> Result<(), String> {
+    let go = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    match tokio::time::timeout(DEAD, go).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("stream to {url} closed: {e}")),
+        Err(_) => Err(format!("stream to {url}: a write took over {DEAD:?}")),
+    }
+}
+
+async fn read_reason<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<String> {
+    let n = r.read_u32_le().await? as usize;
+    let mut why = vec![0u8; n.min(MAX_REASON)];
+    r.read_exact(&mut why).await?;
+    Ok(String::from_utf8_lossy(&why).into_owned())
+}
+
+fn refusal(why: &str) -> Vec<u8> {
+    let why = &why.as_bytes()[..why.len().min(MAX_REASON)];
+    let mut b = vec![REFUSED];
+    b.extend_from_slice(&(why.len() as u32).to_le_bytes());
+    b.extend_from_slice(why);
+    b
+}
+
+/// The frames at the front of `buf`: each complete one is decoded and removed; a partial one
+/// stays. A frame longer than [`MAX_MESSAGE`] or a message that does not decode is an error.
+fn decode(buf: &mut Vec<u8>, out: &mut Vec<Message>) -> Result<(), String> {
+    let mut at = 0;
+    let result = loop {
+        let Some((len, n)) = varint(&buf[at..]) else {
+            break Ok(());
+        };
+        if len > MAX_MESSAGE as u64 {
+            break Err(format!(
+                "a frame of {len} bytes (the most is {MAX_MESSAGE})"
+            ));
+        }
+        let end = at + n + len as usize;
+        if buf.len() < end {
+            break Ok(());
+        }
+        if len > 0 {
+            match Message::parse_from_bytes(&buf[at + n..end]) {
+                Ok(m) => out.push(m),
+                Err(e) => break Err(format!("bad raft message: {e}")),
+            }
+        }
+        at = end;
+    };
+    buf.drain(..at);
+    result
+}
+
+/// A varint at the front of `b`: its value and length, `None` while incomplete (a varint of
+/// more than ten bytes reads as an impossible length).
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &x) in b.iter().enumerate().take(10) {
+        v |= u64::from(x & 0x7f) << (7 * i);
+        if x & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    (b.len() >= 10).then_some((u64::MAX, 10))
+}
+
+impl PeerService {
+    /// Serves one connection that opened with [`MAGIC`] (the bytes read to tell it from gRPC
+    /// put back in front of it): checks who sent it, then steps the raft messages it carries
+    /// into the node until it ends.
+    pub async fn serve_framed<T>(self, io: T)
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (mut r, mut w) = tokio::io::split(io);
+        let mut head = [0u8; MAGIC.len() + 24];
+        let ok = tokio::time::timeout(OPEN_TIMEOUT, r.read_exact(&mut head)).await;
+        if !matches!(ok, Ok(Ok(_))) || &head[..MAGIC.len()] != MAGIC {
+            tracing::debug!("a peer connection that is neither gRPC nor a raft stream: closed");
+            return;
+        }
+        let id = |i: usize| {
+            let at = MAGIC.len() + 8 * i;
+            u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default())
+        };
+        let (cluster, from, to) = (ClusterId(id(0)), MemberId(id(1)), MemberId(id(2)));
+        let mut answer = MAGIC.to_vec();
+        let from = match self.admit_ids(cluster, from, to) {
+            Ok(from) => {
+                answer.push(OK);
+                answer.extend_from_slice(&self.cluster_id.0.to_le_bytes());
+                answer.extend_from_slice(&self.id.0.to_le_bytes());
+                from
+            }
+            Err(s) => {
+                answer.extend_from_slice(&refusal(s.message()));
+                let _ = write(&mut w, &answer, "a peer").await;
+                return;
+            }
+        };
+        if write(&mut w, &answer, "a peer").await.is_err() {
+            return;
+        }
+        let received =
+            crate::metrics::PEER_RECEIVED_BYTES.with_label_values(&[&crate::metrics::peer(from)]);
+        let mut buf = Vec::with_capacity(64 << 10);
+        let mut last_read = Instant::now();
+        let mut last_write = Instant::now();
+        let mut tick = tokio::time::interval(KEEPALIVE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let why = loop {
+            tokio::select! {
+                n = r.read_buf(&mut buf) => {
+                    match n {
+                        Ok(0) => return,
+                        Ok(n) => received.inc_by(n as u64),
+                        Err(e) => {
+                            tracing::debug!(peer = %from, "peer stream ended: {e}");
+                            return;
+                        }
+                    }
+                    last_read = Instant::now();
+                    if self.inbox.is_removed(from) {
+                        break removed(from, self.cluster_id).message().to_string();
+                    }
+                    let mut msgs = Vec::new();
+                    let bad = decode(&mut buf, &mut msgs).err();
+                    msgs.retain(|m| {
+                        let ok = m.to == self.id.0 && m.get_msg_type() != MessageType::MsgSnapshot;
+                        if !ok {
+                            tracing::warn!(
+                                to = m.to,
+                                "peer message not for this member or a bare snapshot; dropped"
+                            );
+                        }
+                        ok
+                    });
+                    // One turn of the Ready loop for what arrived, on this task's thread when
+                    // free (as the gRPC stream's).
+                    if !msgs.is_empty() && self.inbox.step_all(msgs).is_err() {
+                        return;
+                    }
+                    if let Some(e) = bad {
+                        break e;
+                    }
+                    if buf.capacity() - buf.len() < 4096 {
+                        buf.reserve(64 << 10);
+                    }
+                }
+                _ = tick.tick() => {
+                    if last_read.elapsed() >= DEAD {
+                        tracing::debug!(peer = %from, "nothing heard for {DEAD:?}: stream closed");
+                        return;
+                    }
+                    if last_write.elapsed() >= KEEPALIVE {
+                        if write(&mut w, &[KEEPALIVE_RECORD], "a peer").await.is_err() {
+                            return;
+                        }
+                        last_write = Instant::now();
+                    }
+                }
+            }
+        };
+        if !why.contains(REMOVED) {
+            tracing::warn!(peer = %from, "peer stream refused: {why}");
+        }
+        let _ = write(&mut w, &refusal(&why), "a peer").await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A peer port on loopback whose one connection reads the opening, answers `answer` and
+    /// then reads all it gets without a word: the bytes it read after the opening.
+    async fn fake_peer(answer: Vec<u8>) -> (String, tokio::task::JoinHandle<usize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = [0u8; MAGIC.len() + 24];
+            s.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head[..MAGIC.len()], MAGIC);
+            s.write_all(&answer).await.unwrap();
+            let (mut sink, mut got) = (vec![0u8; 4096], 0);
+            while let Ok(n) = s.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            got
+        });
+        (url, task)
+    }
+
+    const ME: Ident = Ident {
+        cluster: ClusterId(7),
+        me: MemberId(1),
+    };
+
+    #[tokio::test]
+    async fn a_peer_gone_silent_is_given_up_and_kept_alive_meanwhile() {
+        let mut ok = MAGIC.to_vec();
+        ok.push(OK);
+        ok.extend_from_slice(&7u64.to_le_bytes());
+        ok.extend_from_slice(&2u64.to_le_bytes());
+        let (url, peer) = fake_peer(ok).await;
+        let link = open(ME, &Dialer::plain(), MemberId(2), &url).await.unwrap();
+        let (_tx, mut rx) = mpsc::channel(1);
+        let sent = prometheus::IntCounter::new("t", "t").unwrap();
+        let e = pump(link, &url, &mut rx, &sent).await.unwrap_err();
+        assert!(e.contains("nothing heard"), "{e}");
+        // It wrote a keep-alive each second it had nothing else to write.
+        assert!(peer.await.unwrap() >= 5);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_and_a_peer_without_framed_streams_read_as_such() {
+        let why = super::super::wire::removed(MemberId(1), ClusterId(7));
+        let mut no = MAGIC.to_vec();
+        no.extend_from_slice(&refusal(why.message()));
+        let (url, _peer) = fake_peer(no).await;
+        match open(ME, &Dialer::plain(), MemberId(2), &url).await {
+            Err(Ended::Failed(e)) => assert!(e.contains(REMOVED), "{e}"),
+            _ => panic!("want a refusal"),
+        }
+        // An HTTP/2 server answers the opening with frames of its own.
+        let (url, _peer) = fake_peer(b"\0\0\x12\x04\0\0\0\0\0".to_vec()).await;
+        let r = open(ME, &Dialer::plain(), MemberId(2), &url).await;
+        assert!(matches!(r, Err(Ended::NotFramed)));
+    }
+
+    fn msg(to: u64, index: u64) -> Message {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppend);
+        m.to = to;
+        m.index = index;
+        m
+    }
+
+    #[test]
+    fn frames_decode_whole_and_wait_for_the_rest() {
+        let mut all = Vec::new();
+        for i in 0..3 {
+            encode(&msg(2, i), &mut all).unwrap();
+        }
+        all.push(0); // a keep-alive
+        encode(&msg(2, 300), &mut all).unwrap();
+        // Fed a byte at a time, every message comes out once, in order, and nothing is left.
+        let (mut buf, mut out) = (Vec::new(), Vec::new());
+        for b in &all {
+            buf.push(*b);
+            decode(&mut buf, &mut out).unwrap();
+        }
+        assert!(buf.is_empty());
+        let idx: Vec<u64> = out.iter().map(|m| m.index).collect();
+        assert_eq!(idx, [0, 1, 2, 300]);
+    }
+
+    #[test]
+    fn an_oversized_or_garbled_frame_is_an_error() {
+        let mut buf = vec![0xff; 9];
+        buf.push(0x01); // 10-byte varint: far over the limit
+        assert!(decode(&mut buf, &mut Vec::new()).is_err());
+        let mut buf = vec![0xff; 11]; // an endless varint
+        assert!(decode(&mut buf, &mut Vec::new()).is_err());
+        let mut buf = vec![3, 0xff, 0xff, 0xff]; // three bytes that are no message
+        assert!(decode(&mut buf, &mut Vec::new()).is_err());
+        let mut buf = vec![0x80]; // incomplete: wait
+        assert!(decode(&mut buf, &mut Vec::new()).is_ok());
+        assert_eq!(buf, [0x80]);
+    }
+}
