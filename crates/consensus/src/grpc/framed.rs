@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
-};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
 use super::service::PeerService;
@@ -42,14 +40,14 @@ use ids::{ClusterId, MemberId};
 pub const MAGIC: &[u8; 8] = b"\0kvdraft";
 /// A receiver's answer and records.
 const OK: u8 = 1;
-const REFUSED: u8 = 2;
-const KEEPALIVE_RECORD: u8 = 0;
+pub(super) const REFUSED: u8 = 2;
+pub(super) const KEEPALIVE_RECORD: u8 = 0;
 /// Write a keep-alive after this long without writing.
 pub(super) const KEEPALIVE: Duration = Duration::from_secs(1);
 /// Give a link up after this long without reading anything.
 pub(super) const DEAD: Duration = Duration::from_secs(10);
 /// The longest reason a refusal carries.
-const MAX_REASON: usize = 4096;
+pub(super) const MAX_REASON: usize = 4096;
 
 /// Why a framed stream ended.
 #[derive(Debug)]
@@ -66,42 +64,35 @@ impl From<String> for Ended {
     }
 }
 
-/// An open framed stream to a peer.
-pub(super) struct Link {
-    r: BufReader<ReadHalf<PeerStream>>,
-    w: WriteHalf<PeerStream>,
-}
-
-/// Opens the framed stream to peer `to` at `url` and checks who answered.
+/// Opens the framed stream to peer `to` at `url` and checks who answered: the connection,
+/// with nothing of it read past the answer.
 pub(super) async fn open(
     ident: Ident,
     dialer: &Dialer,
     to: MemberId,
     url: &str,
-) -> Result<Link, Ended> {
+) -> Result<PeerStream, Ended> {
     let open = async {
-        let io = dialer
+        let mut io = dialer
             .stream(url)
             .await
             .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-        let (r, mut w) = tokio::io::split(io);
-        let mut r = BufReader::new(r);
         let mut hello = Vec::with_capacity(MAGIC.len() + 24);
         hello.extend_from_slice(MAGIC);
         for id in [ident.cluster.0, ident.me.0, to.0] {
             hello.extend_from_slice(&id.to_le_bytes());
         }
         let io_err = |e: std::io::Error| format!("{url}: {e}");
-        w.write_all(&hello).await.map_err(io_err)?;
-        w.flush().await.map_err(io_err)?;
+        io.write_all(&hello).await.map_err(io_err)?;
+        io.flush().await.map_err(io_err)?;
         let mut magic = [0u8; MAGIC.len()];
-        if r.read_exact(&mut magic).await.is_err() || &magic != MAGIC {
+        if io.read_exact(&mut magic).await.is_err() || &magic != MAGIC {
             return Err(Ended::NotFramed);
         }
-        match r.read_u8().await.map_err(io_err)? {
+        match io.read_u8().await.map_err(io_err)? {
             OK => {
-                let cluster = r.read_u64_le().await.map_err(io_err)?;
-                let member = r.read_u64_le().await.map_err(io_err)?;
+                let cluster = io.read_u64_le().await.map_err(io_err)?;
+                let member = io.read_u64_le().await.map_err(io_err)?;
                 let h = super::pb::Hello {
                     cluster_id: cluster,
                     member_id: member,
@@ -109,12 +100,12 @@ pub(super) async fn open(
                 check_hello(ident, to, url, &h)?;
             }
             REFUSED => {
-                let why = read_reason(&mut r).await.map_err(io_err)?;
+                let why = read_reason(&mut io).await.map_err(io_err)?;
                 return Err(refused(url, &why).into());
             }
             b => return Err(format!("{url}: unexpected answer {b}").into()),
         }
-        Ok::<_, Ended>(Link { r, w })
+        Ok::<_, Ended>(io)
     };
     match tokio::time::timeout(OPEN_TIMEOUT, open).await {
         Ok(r) => r,
@@ -123,14 +114,16 @@ pub(super) async fn open(
 }
 
 /// Writes what `rx` brings to the open stream until the node drops the link (`Ok`) or the
-/// stream fails; `sent` counts the bytes.
+/// stream fails; `sent` counts the bytes. (A stream over plain TCP is written by the sending
+/// thread itself instead: `super::direct`.)
 pub(super) async fn pump(
-    link: Link,
+    link: PeerStream,
     url: &str,
     rx: &mut mpsc::Receiver<Message>,
     sent: &prometheus::IntCounter,
 ) -> Result<(), String> {
-    let Link { mut r, mut w } = link;
+    let (r, mut w) = tokio::io::split(link);
+    let mut r = BufReader::new(r);
     let mut buf = Vec::new();
     let mut last_read = Instant::now();
     let mut last_write = Instant::now();
@@ -182,12 +175,12 @@ pub(super) async fn pump(
 }
 
 /// The error a refusal reads as (the gRPC stream's words, so a removal reads the same).
-fn refused(url: &str, why: &str) -> String {
+pub(super) fn refused(url: &str, why: &str) -> String {
     format!("{url} refused the stream: {why}")
 }
 
 /// Appends `m` as a frame.
-fn encode(m: &Message, buf: &mut Vec<u8>) -> Result<(), String> {
+pub(super) fn encode(m: &Message, buf: &mut Vec<u8>) -> Result<(), String> {
     m.write_length_delimited_to_vec(buf)
         .map_err(|e| format!("encode: {e}"))
 }
@@ -407,13 +400,26 @@ mod tests {
         ok.extend_from_slice(&7u64.to_le_bytes());
         ok.extend_from_slice(&2u64.to_le_bytes());
         let (url, peer) = fake_peer(ok).await;
-        let link = open(ME, &Dialer::plain(), MemberId(2), &url).await.unwrap();
-        let (_tx, mut rx) = mpsc::channel(1);
+        let crate::dial::Conn::Plain(tcp) =
+            open(ME, &Dialer::plain(), MemberId(2), &url).await.unwrap()
+        else {
+            panic!("a plain connection")
+        };
         let sent = prometheus::IntCounter::new("t", "t").unwrap();
-        let e = pump(link, &url, &mut rx, &sent).await.unwrap_err();
+        let d = super::super::direct::Direct::new(tcp, sent.clone());
+        // Written by the sending thread: the frame is on the wire before the task runs.
+        let mut frame = Vec::new();
+        encode(&msg(2, 5), &mut frame).unwrap();
+        assert!(d.send(&[msg(2, 5)]));
+        assert_eq!(sent.get(), frame.len() as u64);
+        let (_tx, mut rx) = mpsc::channel(1);
+        let e = super::super::direct::pump(&d, &url, &mut rx)
+            .await
+            .unwrap_err();
         assert!(e.contains("nothing heard"), "{e}");
-        // It wrote a keep-alive each second it had nothing else to write.
-        assert!(peer.await.unwrap() >= 5);
+        drop(d); // the connection closes: the peer tells what it read
+                 // It wrote a keep-alive each second it had nothing else to write.
+        assert!(peer.await.unwrap() >= frame.len() + 5);
     }
 
     #[tokio::test]

@@ -14,11 +14,13 @@
 //! FAILED_PRECONDITION naming both clusters, and the sender records and logs that refusal, so
 //! both sides say what is wrong.
 //!
-//! Its parts: `framed` (the framed stream, both sides), `wire` (what both sides share: request
+//! Its parts: `framed` (the framed stream, both sides), `direct` (a framed stream over plain
+//! TCP, written by the sending thread), `wire` (what both sides share: request
 //! metadata, identity checks, limits), `service` (receiving), `sender` (the
 //! [`Transport`](crate::transport::Transport) with one stream per peer), `probe` (round-trip
 //! times), `snapshot` (sending one), `join` (asking a peer for the cluster).
 
+mod direct;
 mod framed;
 mod join;
 mod probe;

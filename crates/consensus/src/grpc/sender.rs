@@ -14,12 +14,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::direct::{self, Direct, Published, Slot};
 use super::framed::{self, Ended};
 use super::pb::Batch;
 use super::probe::{probe, Prober};
 use super::snapshot::send_snapshot;
 use super::wire::{check_hello, connect, refused, request, Ident, OPEN_TIMEOUT, REMOVED};
-use crate::dial::Dialer;
+use crate::dial::{Conn, Dialer};
 use crate::member::Members;
 use crate::transport::{Reporter, SnapshotDone, Transport};
 use ids::{ClusterId, MemberId};
@@ -35,6 +36,8 @@ pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub(super) struct PeerLink {
     pub(super) urls: Vec<String>,
     pub(super) tx: mpsc::Sender<Message>,
+    /// The link's stream while it is framed over plain TCP: written here, not through `tx`.
+    pub(super) direct: Slot,
     pub(super) task: JoinHandle<()>,
 }
 
@@ -89,13 +92,27 @@ impl Transport for GrpcTransport {
     }
 
     fn send(&mut self, msgs: Vec<Message>) {
+        // Each peer's messages in order, in one write where its stream is direct.
+        let mut by_peer: Vec<(MemberId, Vec<Message>)> = Vec::new();
         for m in msgs {
             let to = MemberId(m.to);
+            match by_peer.iter_mut().find(|(id, _)| *id == to) {
+                Some((_, v)) => v.push(m),
+                None => by_peer.push((to, vec![m])),
+            }
+        }
+        for (to, msgs) in by_peer {
             let Some(p) = self.peers.get(&to) else {
                 tracing::debug!(%to, "message to an unknown peer dropped");
                 continue;
             };
-            if p.tx.try_send(m).is_err() {
+            let direct = p.direct.lock().clone();
+            let sent = match direct {
+                Some(d) => d.send(&msgs),
+                // Messages past a full queue are dropped; raft resends.
+                None => msgs.into_iter().all(|m| p.tx.try_send(m).is_ok()),
+            };
+            if !sent {
                 crate::metrics::PEER_SENT_FAILURES
                     .with_label_values(&[&crate::metrics::peer(to)])
                     .inc();
@@ -142,20 +159,24 @@ impl Transport for GrpcTransport {
                 continue;
             }
             let (tx, rx) = mpsc::channel(QUEUE);
-            let task = self.rt.spawn(run_peer(
-                (self.ident, self.dialer.clone()),
-                m.id,
-                m.peer_urls.clone(),
-                rx,
-                reporter.clone(),
-                self.errors.clone(),
-                self.active.clone(),
-            ));
+            let direct = Slot::default();
+            let peer = PeerTask {
+                ident: self.ident,
+                dialer: self.dialer.clone(),
+                to: m.id,
+                urls: m.peer_urls.clone(),
+                reporter: reporter.clone(),
+                errors: self.errors.clone(),
+                active: self.active.clone(),
+                direct: direct.clone(),
+            };
+            let task = self.rt.spawn(run_peer(peer, rx));
             self.peers.insert(
                 m.id,
                 PeerLink {
                     urls: m.peer_urls.clone(),
                     tx,
+                    direct,
                     task,
                 },
             );
@@ -163,16 +184,31 @@ impl Transport for GrpcTransport {
     }
 }
 
+/// What one peer's sending task works with.
+pub(super) struct PeerTask {
+    pub(super) ident: Ident,
+    pub(super) dialer: Dialer,
+    pub(super) to: MemberId,
+    pub(super) urls: Vec<String>,
+    pub(super) reporter: Reporter,
+    pub(super) errors: Arc<Mutex<HashMap<MemberId, String>>>,
+    pub(super) active: Active,
+    /// Where its stream is published while it is direct.
+    pub(super) direct: Slot,
+}
+
 /// One peer's sender: connect, stream batches, reconnect with backoff.
-pub(super) async fn run_peer(
-    (ident, dialer): (Ident, Dialer),
-    to: MemberId,
-    urls: Vec<String>,
-    mut rx: mpsc::Receiver<Message>,
-    reporter: Reporter,
-    errors: Arc<Mutex<HashMap<MemberId, String>>>,
-    active: Active,
-) {
+pub(super) async fn run_peer(peer: PeerTask, mut rx: mpsc::Receiver<Message>) {
+    let PeerTask {
+        ident,
+        dialer,
+        to,
+        urls,
+        reporter,
+        errors,
+        active,
+        direct,
+    } = peer;
     let mut backoff = BACKOFF_MIN;
     let mut attempt = 0usize;
     loop {
@@ -185,6 +221,7 @@ pub(super) async fn run_peer(
             url,
             errors: &errors,
             active: &active,
+            direct: &direct,
         };
         match link.stream(&mut rx).await {
             Ok(()) => return, // the node dropped this peer
@@ -216,6 +253,7 @@ struct LinkTo<'a> {
     url: &'a str,
     errors: &'a Mutex<HashMap<MemberId, String>>,
     active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+    direct: &'a Slot,
 }
 
 /// What holds while a peer's stream is up: it counts as active (etcd's `ActiveSince`), its
@@ -231,9 +269,22 @@ impl<'a> LinkTo<'a> {
     /// drops the link (`Ok`) or the stream fails.
     async fn stream(&self, rx: &mut mpsc::Receiver<Message>) -> Result<(), String> {
         match framed::open(self.ident, self.dialer, self.to, self.url).await {
-            Ok(link) => {
+            Ok(Conn::Plain(tcp)) => {
                 let up = self.opened("framed");
-                framed::pump(link, self.url, rx, &up.sent).await
+                let d = Arc::new(Direct::new(tcp, up.sent.clone()));
+                // What was queued before goes first; a message queued while the stream is
+                // published may still go after later ones (raft takes messages in any order).
+                let mut queued = Vec::new();
+                while let Ok(m) = rx.try_recv() {
+                    queued.push(m);
+                }
+                d.send(&queued);
+                let _published = Published::new(self.direct, d.clone());
+                direct::pump(&d, self.url, rx).await
+            }
+            Ok(tls) => {
+                let up = self.opened("framed");
+                framed::pump(tls, self.url, rx, &up.sent).await
             }
             Err(Ended::NotFramed) => self.grpc_stream(rx).await,
             Err(Ended::Failed(e)) => Err(e),
