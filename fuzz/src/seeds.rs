@@ -21,13 +21,14 @@ fn main() -> io::Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
-    let sets: [(&str, Seeds); 6] = [
+    let sets: [(&str, Seeds); 7] = [
         ("pager_open", pager_files()?),
         ("wal_open", wal_segments()?),
         ("http2_conn", http2_streams()?),
         ("gateway_json", gateway_bodies()),
         ("store_model", store_streams()),
         ("raft_apply", raft_entries()),
+        ("peer_stream", peer_streams()),
     ];
     for (target, seeds) in sets {
         let dir = root.join(target);
@@ -477,6 +478,48 @@ fn store_streams() -> Seeds {
 
 /// Raft entries as kvd writes them: an internal request of every kind, the member's own and a
 /// client's (with the caller's header), in batches of a few.
+/// The framed raft stream after its opening (mode byte 0): appends with entries, heartbeats,
+/// votes and their answers, keep-alives between them; and the receiver's records (mode byte
+/// 1): keep-alives, then a refusal.
+fn peer_streams() -> Seeds {
+    use protobuf::Message as _;
+    use raft::eraftpb::{Entry, Message, MessageType};
+    let msg = |t: MessageType, index: u64, entries: usize| {
+        let mut m = Message::default();
+        m.set_msg_type(t);
+        (m.from, m.to, m.term, m.index, m.log_term, m.commit) = (1, 2, 3, index, 3, index);
+        for i in 0..entries {
+            let mut e = Entry::default();
+            (e.index, e.term, e.data) = (index + 1 + i as u64, 3, vec![b'x'; 40].into());
+            m.mut_entries().push(e);
+        }
+        m
+    };
+    let frames = |ms: &[Message]| {
+        let mut b = vec![0u8];
+        for m in ms {
+            m.write_length_delimited_to_vec(&mut b)
+                .expect("a message encodes");
+            b.push(0); // a keep-alive
+        }
+        b
+    };
+    let mut refusal = vec![1u8, 0, 0, 2];
+    let why = b"cluster id mismatch";
+    refusal.extend_from_slice(&(why.len() as u32).to_le_bytes());
+    refusal.extend_from_slice(why);
+    vec![
+        frames(&[msg(MessageType::MsgAppend, 5, 3)]),
+        frames(&[
+            msg(MessageType::MsgHeartbeat, 8, 0),
+            msg(MessageType::MsgAppend, 8, 1),
+            msg(MessageType::MsgRequestVote, 9, 0),
+        ]),
+        frames(&[msg(MessageType::MsgAppendResponse, 9, 0)]),
+        refusal,
+    ]
+}
+
 fn raft_entries() -> Seeds {
     use api::etcdserverpb::*;
     use rpc::request::{InternalAuthenticate, InternalRequest, Op, RequestHeader};

@@ -213,7 +213,7 @@ pub(super) async fn pump(
 
 /// The receiver's records at the front of `b`: keep-alives are consumed; a refusal (once
 /// whole) is the link's end.
-fn read_records(b: &mut Vec<u8>, url: &str) -> Result<(), String> {
+pub(super) fn read_records(b: &mut Vec<u8>, url: &str) -> Result<(), String> {
     let keepalives = b.iter().take_while(|&&x| x == KEEPALIVE_RECORD).count();
     b.drain(..keepalives);
     match b.first() {

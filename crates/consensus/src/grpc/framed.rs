@@ -216,7 +216,7 @@ fn refusal(why: &str) -> Vec<u8> {
 
 /// The frames at the front of `buf`: each complete one is decoded and removed; a partial one
 /// stays. A frame longer than [`MAX_MESSAGE`] or a message that does not decode is an error.
-fn decode(buf: &mut Vec<u8>, out: &mut Vec<Message>) -> Result<(), String> {
+pub(super) fn decode(buf: &mut Vec<u8>, out: &mut Vec<Message>) -> Result<(), String> {
     let mut at = 0;
     let result = loop {
         let Some((len, n)) = varint(&buf[at..]) else {

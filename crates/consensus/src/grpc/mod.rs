@@ -36,6 +36,34 @@ pub mod pb {
 }
 
 pub use framed::MAGIC;
+
+/// The framed stream's parsers of what a peer sends, for the fuzz target
+/// (`fuzz/fuzz_targets/peer_stream.rs`).
+#[doc(hidden)]
+pub mod parse {
+    use raft::eraftpb::Message;
+
+    /// The raft messages a receiver reads from `chunks` arriving one after another (after the
+    /// opening), and the error that ends the stream if one does.
+    pub fn frames<'a>(
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+    ) -> (Vec<Message>, Option<String>) {
+        let (mut buf, mut out) = (Vec::new(), Vec::new());
+        for c in chunks {
+            buf.extend_from_slice(c);
+            if let Err(e) = super::framed::decode(&mut buf, &mut out) {
+                return (out, Some(e));
+            }
+        }
+        (out, None)
+    }
+
+    /// A sender's reading of the receiver's records: `Err` is the stream's end (a refusal, or
+    /// a record it does not know).
+    pub fn records(bytes: &[u8]) -> Result<(), String> {
+        super::direct::read_records(&mut bytes.to_vec(), "a peer")
+    }
+}
 pub use join::{fetch_members, FetchError};
 pub use sender::GrpcTransport;
 pub use service::{MembersFn, PeerService};
