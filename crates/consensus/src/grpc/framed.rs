@@ -26,7 +26,7 @@
 use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -317,16 +317,7 @@ impl PeerService {
                     }
                     let mut msgs = Vec::new();
                     let bad = decode(&mut buf, &mut msgs).err();
-                    msgs.retain(|m| {
-                        let ok = m.to == self.id.0 && m.get_msg_type() != MessageType::MsgSnapshot;
-                        if !ok {
-                            tracing::warn!(
-                                to = m.to,
-                                "peer message not for this member or a bare snapshot; dropped"
-                            );
-                        }
-                        ok
-                    });
+                    msgs.retain(|m| self.steppable(m));
                     // One turn of the Ready loop for what arrived, on this task's thread when
                     // free (as the gRPC stream's).
                     if !msgs.is_empty() && self.inbox.step_all(msgs).is_err() {
@@ -363,6 +354,7 @@ impl PeerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use raft::eraftpb::MessageType;
     use tokio::net::TcpListener;
 
     /// A peer port on loopback whose one connection reads the opening, answers `answer` and

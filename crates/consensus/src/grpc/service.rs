@@ -102,6 +102,19 @@ impl PeerService {
         Ok(from)
     }
 
+    /// Whether a peer's message may be stepped here: one for this member, and not a snapshot
+    /// without its data (those come through `snapshot`). Any other is logged and dropped.
+    pub(super) fn steppable(&self, m: &Message) -> bool {
+        let ok = m.to == self.id.0 && m.get_msg_type() != MessageType::MsgSnapshot;
+        if !ok {
+            tracing::warn!(
+                to = m.to,
+                "peer message not for this member or a bare snapshot; dropped"
+            );
+        }
+        ok
+    }
+
     fn hello(&self) -> Hello {
         Hello {
             cluster_id: self.cluster_id.0,
@@ -154,15 +167,8 @@ impl Peer for PeerService {
                 let mut msgs = Vec::with_capacity(batch.messages.len());
                 for raw in &batch.messages {
                     match Message::parse_from_bytes(raw) {
-                        Ok(m)
-                            if m.to == me.id.0 && m.get_msg_type() != MessageType::MsgSnapshot =>
-                        {
-                            msgs.push(m);
-                        }
-                        Ok(m) => tracing::warn!(
-                            to = m.to,
-                            "peer message not for this member or a bare snapshot; dropped"
-                        ),
+                        Ok(m) if me.steppable(&m) => msgs.push(m),
+                        Ok(_) => {}
                         Err(e) => {
                             let _ = tx
                                 .send(Err(Status::invalid_argument(format!(
