@@ -19,7 +19,7 @@ use raft::eraftpb::Message;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
-use super::framed::{encode, refused, DEAD, KEEPALIVE, KEEPALIVE_RECORD, MAX_REASON, REFUSED};
+use super::framed::{encode, read_records, DEAD, KEEPALIVE, KEEPALIVE_RECORD};
 
 /// The most bytes a link's backlog holds: past it the peer is not reading, and raft is told
 /// it is unreachable (as when the link's queue is full).
@@ -208,45 +208,5 @@ pub(super) async fn pump(
                 }
             }
         }
-    }
-}
-
-/// The receiver's records at the front of `b`: keep-alives are consumed; a refusal (once
-/// whole) is the link's end.
-pub(super) fn read_records(b: &mut Vec<u8>, url: &str) -> Result<(), String> {
-    let keepalives = b.iter().take_while(|&&x| x == KEEPALIVE_RECORD).count();
-    b.drain(..keepalives);
-    match b.first() {
-        None => Ok(()),
-        Some(&REFUSED) => {
-            if b.len() < 5 {
-                return Ok(());
-            }
-            let n = u32::from_le_bytes([b[1], b[2], b[3], b[4]]) as usize;
-            let n = n.min(MAX_REASON);
-            if b.len() < 5 + n {
-                return Ok(());
-            }
-            Err(refused(url, &String::from_utf8_lossy(&b[5..5 + n])))
-        }
-        Some(x) => Err(format!("{url}: unexpected record {x}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_are_read_whole() {
-        let mut b = vec![0, 0, REFUSED, 3, 0];
-        assert!(read_records(&mut b, "u").is_ok());
-        assert_eq!(b, [REFUSED, 3, 0]);
-        b.extend_from_slice(&[0, 0, b'n', b'o']);
-        assert!(read_records(&mut b, "u").is_ok(), "still one byte short");
-        b.push(b'!');
-        let e = read_records(&mut b, "u").unwrap_err();
-        assert!(e.ends_with("refused the stream: no!"), "{e}");
-        assert!(read_records(&mut vec![9], "u").is_err());
     }
 }

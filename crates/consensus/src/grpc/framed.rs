@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
 use raft::eraftpb::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::service::PeerService;
@@ -122,8 +122,8 @@ pub(super) async fn pump(
     rx: &mut mpsc::Receiver<Message>,
     sent: &prometheus::IntCounter,
 ) -> Result<(), String> {
-    let (r, mut w) = tokio::io::split(link);
-    let mut r = BufReader::new(r);
+    let (mut r, mut w) = tokio::io::split(link);
+    let mut records = Vec::new();
     let mut buf = Vec::new();
     let mut last_read = Instant::now();
     let mut last_write = Instant::now();
@@ -147,18 +147,13 @@ pub(super) async fn pump(
                 buf.clear();
                 last_write = Instant::now();
             }
-            b = r.read_u8() => {
-                match b {
-                    Ok(KEEPALIVE_RECORD) => last_read = Instant::now(),
-                    Ok(REFUSED) => {
-                        let why = tokio::time::timeout(OPEN_TIMEOUT, read_reason(&mut r))
-                            .await
-                            .unwrap_or_else(|_| Ok("(cut off)".into()))
-                            .unwrap_or_else(|e| format!("(cut off: {e})"));
-                        return Err(refused(url, &why));
+            n = r.read_buf(&mut records) => {
+                match n {
+                    Ok(0) | Err(_) => return Err(format!("{url} ended the stream")),
+                    Ok(_) => {
+                        last_read = Instant::now();
+                        read_records(&mut records, url)?;
                     }
-                    Ok(b) => return Err(format!("{url}: unexpected record {b}")),
-                    Err(_) => return Err(format!("{url} ended the stream")),
                 }
             }
             _ = tick.tick() => {
@@ -171,6 +166,27 @@ pub(super) async fn pump(
                 }
             }
         }
+    }
+}
+
+/// The receiver's records at the front of `b`, as read so far: keep-alives are consumed; a
+/// refusal (once whole) is the link's end.
+pub(super) fn read_records(b: &mut Vec<u8>, url: &str) -> Result<(), String> {
+    let keepalives = b.iter().take_while(|&&x| x == KEEPALIVE_RECORD).count();
+    b.drain(..keepalives);
+    match b.first() {
+        None => Ok(()),
+        Some(&REFUSED) => {
+            let Some(len) = b.get(1..5) else {
+                return Ok(());
+            };
+            let n = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            match b.get(5..5 + n.min(MAX_REASON)) {
+                Some(why) => Err(refused(url, &String::from_utf8_lossy(why))),
+                None => Ok(()),
+            }
+        }
+        Some(x) => Err(format!("{url}: unexpected record {x}")),
     }
 }
 
@@ -469,5 +485,18 @@ mod tests {
         let mut buf = vec![0x80]; // incomplete: wait
         assert!(decode(&mut buf, &mut Vec::new()).is_ok());
         assert_eq!(buf, [0x80]);
+    }
+
+    #[test]
+    fn records_are_read_whole() {
+        let mut b = vec![0, 0, REFUSED, 3, 0];
+        assert!(read_records(&mut b, "u").is_ok());
+        assert_eq!(b, [REFUSED, 3, 0]);
+        b.extend_from_slice(&[0, 0, b'n', b'o']);
+        assert!(read_records(&mut b, "u").is_ok(), "still one byte short");
+        b.push(b'!');
+        let e = read_records(&mut b, "u").unwrap_err();
+        assert!(e.ends_with("refused the stream: no!"), "{e}");
+        assert!(read_records(&mut vec![9], "u").is_err());
     }
 }

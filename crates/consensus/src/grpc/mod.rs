@@ -61,7 +61,7 @@ pub mod parse {
     /// A sender's reading of the receiver's records: `Err` is the stream's end (a refusal, or
     /// a record it does not know).
     pub fn records(bytes: &[u8]) -> Result<(), String> {
-        super::direct::read_records(&mut bytes.to_vec(), "a peer")
+        super::framed::read_records(&mut bytes.to_vec(), "a peer")
     }
 }
 pub use join::{fetch_members, FetchError};
