@@ -29,6 +29,12 @@ pub trait Transport: Send + 'static {
     fn active_since(&self, _peer: MemberId) -> Option<std::time::Instant> {
         None
     }
+    /// Whether `send` now writes every peer's messages out on the calling thread, with no task
+    /// of the runtime to carry them: a leader's proposals may then take the Ready loop's turn
+    /// on the proposer's thread (a worker blocked in that turn's fsync holds nothing back).
+    fn sends_inline(&self) -> bool {
+        false
+    }
 }
 
 /// Tells the node what became of messages it sent.

@@ -16,7 +16,8 @@ use raft::{ProgressState, SnapshotStatus, StateRole};
 
 use crate::apply::ApplyTask;
 use crate::node::{
-    context, deadline, parse_context, Cmd, Error, Result, Role, Shared, TAG_MEMBER_UPDATE,
+    context, deadline, parse_context, Cmd, Error, ProposeAt, Result, Role, Shared,
+    TAG_MEMBER_UPDATE,
 };
 use crate::transport::SnapshotDone;
 use ids::{MemberId, RaftIndex};
@@ -650,7 +651,11 @@ impl<O: Send + 'static> Driver<O> {
             && !self.removed;
         self.shared.publish_sole_leader(sole, r.raft_log.committed);
         let replicates = r.state == StateRole::Leader && r.prs().iter().any(|(id, _)| *id != r.id);
-        self.shared.publish_propose_here(!replicates);
+        self.shared.publish_propose_at(match replicates {
+            false => ProposeAt::Here,
+            true if self.transport.sends_inline() => ProposeAt::HereAlone,
+            true => ProposeAt::RaftThread,
+        });
         let role = match r.state {
             StateRole::Follower => Role::Follower,
             StateRole::PreCandidate => Role::PreCandidate,

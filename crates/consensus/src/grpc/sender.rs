@@ -148,6 +148,10 @@ impl Transport for GrpcTransport {
         self.active.lock().get(&peer).copied()
     }
 
+    fn sends_inline(&self) -> bool {
+        (self.peers.values()).all(|p| p.direct.lock().is_some())
+    }
+
     fn update_members(&mut self, members: &Members) {
         self.peers
             .retain(|id, p| members.get(*id).is_some_and(|m| m.peer_urls == p.urls));

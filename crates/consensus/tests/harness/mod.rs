@@ -362,6 +362,11 @@ impl Transport for NetTransport {
     }
 
     fn update_members(&mut self, _members: &Members) {}
+
+    /// Delivered on the sending thread, as kvd's direct streams write theirs.
+    fn sends_inline(&self) -> bool {
+        true
+    }
 }
 
 /// A cluster of in-process members.
