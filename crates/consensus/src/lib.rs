@@ -7,6 +7,7 @@ mod codec;
 pub mod dial;
 mod driver;
 pub mod grpc;
+mod idmap;
 mod log;
 mod logger;
 pub mod member;

@@ -9,7 +9,6 @@
 //! `snapshot_count` entries asks the state machine to make its state durable, after which the
 //! raft thread records a snapshot and purges the WAL behind it.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Read};
 use std::path::PathBuf;
@@ -25,6 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::codec::{put_u64, Malformed, Reader};
 use crate::driver::Driver;
+use crate::idmap::IdMap;
 use crate::member::{Member, Members};
 use crate::snap::{SnapError, Snapshotter};
 use crate::transport::Transport;
@@ -282,7 +282,7 @@ type Waiter<O> = oneshot::Sender<Result<O>>;
 pub(crate) struct Shared<O> {
     pub(crate) id: MemberId,
     pub(crate) tx: Sender<Cmd>,
-    pub(crate) waiters: Mutex<HashMap<u64, Waiter<O>>>,
+    pub(crate) waiters: Mutex<IdMap<u64, Waiter<O>>>,
     next_seq: AtomicU64,
     pub(crate) status: Mutex<Status>,
     /// Terms in which this member was leader.
@@ -452,7 +452,8 @@ pub(crate) fn first_seq() -> u64 {
 }
 
 pub(crate) fn context(tag: u8, origin: u64, seq: u64, member: Option<&Member>) -> Vec<u8> {
-    let mut buf = vec![tag];
+    let mut buf = Vec::with_capacity(17);
+    buf.push(tag);
     put_u64(&mut buf, origin);
     put_u64(&mut buf, seq);
     if let Some(m) = member {
@@ -510,7 +511,7 @@ impl<O: Send + 'static> RaftNode<O> {
         let shared = Arc::new(Shared {
             id: cfg.id,
             tx,
-            waiters: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(IdMap::default()),
             next_seq: AtomicU64::new(seq0),
             status: Mutex::new(Status {
                 id: cfg.id,

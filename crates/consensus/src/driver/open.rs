@@ -11,6 +11,7 @@ use raft::{RawNode, ReadOnlyOption};
 use tokio::sync::oneshot;
 
 use crate::apply::{restore_received, Applier, ApplyQueue};
+use crate::idmap::IdMap;
 use crate::log::LogStore;
 use crate::member::Members;
 use crate::node::{Config, Error, Result, Shared, Start, StateMachine};
@@ -60,12 +61,12 @@ pub(crate) struct Driver<O: Send + 'static> {
     /// The loop has ended (stopped, or failed): no turn is taken any more.
     pub(super) ended: bool,
     /// The commit index last sent to each peer, in an append or a heartbeat.
-    pub(super) told: HashMap<u64, u64>,
+    pub(super) told: IdMap<u64, u64>,
     /// Entries went out since `Shared::commit_due` was set: they carry the commit index.
     pub(super) appended_since_due: bool,
     /// Members whose proposals were committed, by the last of their entries' index: they wait
     /// to be told that commit index (their clients wait for them to apply).
-    pub(super) commit_awaited: HashMap<u64, u64>,
+    pub(super) commit_awaited: IdMap<u64, u64>,
     /// A membership change was committed: every member is told at once.
     pub(super) commit_for_all: bool,
     /// The raft thread (a turn elsewhere wakes it when it sets `Shared::commit_due`).
@@ -203,9 +204,9 @@ impl<O: Send + 'static> Driver<O> {
             removed: false,
             last_leave: None,
             ended: false,
-            told: HashMap::new(),
+            told: IdMap::default(),
             appended_since_due: false,
-            commit_awaited: HashMap::new(),
+            commit_awaited: IdMap::default(),
             commit_for_all: false,
             raft_thread: None,
         })

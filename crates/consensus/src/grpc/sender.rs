@@ -21,6 +21,7 @@ use super::probe::{probe, Prober};
 use super::snapshot::send_snapshot;
 use super::wire::{check_hello, connect, refused, request, Ident, OPEN_TIMEOUT, REMOVED};
 use crate::dial::{Conn, Dialer};
+use crate::idmap::IdMap;
 use crate::member::Members;
 use crate::transport::{Reporter, SnapshotDone, Transport};
 use ids::{ClusterId, MemberId};
@@ -48,7 +49,7 @@ impl Drop for PeerLink {
 }
 
 /// Since when each peer's stream has been up (a peer leaves it when its stream breaks).
-pub(super) type Active = Arc<Mutex<HashMap<MemberId, std::time::Instant>>>;
+pub(super) type Active = Arc<Mutex<IdMap<MemberId, std::time::Instant>>>;
 
 /// The sending side: implements [`Transport`] with one stream per peer.
 #[derive(Debug)]
@@ -57,7 +58,7 @@ pub struct GrpcTransport {
     pub(super) dialer: Dialer,
     pub(super) rt: Handle,
     pub(super) reporter: Option<Reporter>,
-    pub(super) peers: HashMap<MemberId, PeerLink>,
+    pub(super) peers: IdMap<MemberId, PeerLink>,
     pub(super) errors: Arc<Mutex<HashMap<MemberId, String>>>,
     pub(super) active: Active,
 }
@@ -74,9 +75,9 @@ impl GrpcTransport {
             dialer,
             rt,
             reporter: None,
-            peers: HashMap::new(),
+            peers: IdMap::default(),
             errors: Arc::new(Mutex::new(HashMap::new())),
-            active: Arc::new(Mutex::new(HashMap::new())),
+            active: Arc::new(Mutex::new(IdMap::default())),
         }
     }
 
@@ -256,7 +257,7 @@ struct LinkTo<'a> {
     to: MemberId,
     url: &'a str,
     errors: &'a Mutex<HashMap<MemberId, String>>,
-    active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+    active: &'a Mutex<IdMap<MemberId, std::time::Instant>>,
     direct: &'a Slot,
 }
 
@@ -382,7 +383,7 @@ impl<'a> LinkTo<'a> {
 /// Marks a peer's stream down when it ends, however it ends (unless a newer stream to the
 /// same peer, after a change of its URLs, is up by then).
 pub(super) struct Up<'a> {
-    pub(super) active: &'a Mutex<HashMap<MemberId, std::time::Instant>>,
+    pub(super) active: &'a Mutex<IdMap<MemberId, std::time::Instant>>,
     pub(super) me: MemberId,
     pub(super) to: MemberId,
     pub(super) since: std::time::Instant,
