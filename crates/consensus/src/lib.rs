@@ -13,6 +13,7 @@ mod logger;
 pub mod member;
 pub mod metrics;
 mod node;
+mod raftpb;
 mod snap;
 pub mod transport;
 pub mod wal;

@@ -21,6 +21,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
+use std::mem;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -29,6 +30,7 @@ use std::thread::JoinHandle;
 use protobuf::Message;
 use raft::eraftpb::{Entry, HardState};
 
+use crate::raftpb;
 use ids::RaftIndex;
 
 /// Segment size (etcd's 64 MiB).
@@ -135,8 +137,13 @@ pub struct Wal {
     snapshot: SnapshotMark,
     last_index: u64,
     prealloc: Preallocator,
+    /// `save`'s buffer, kept while no larger than [`SCRATCH_KEPT`].
+    scratch: Vec<u8>,
     _lock: File,
 }
+
+/// The most `Wal::scratch` keeps between saves: a batch larger than this allocates its own.
+const SCRATCH_KEPT: usize = 1 << 20;
 
 fn segment_name(seq: u64, first_index: u64) -> String {
     format!("{seq:016x}-{first_index:016x}.wal")
@@ -163,10 +170,23 @@ fn encode(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
-fn encode_msg(buf: &mut Vec<u8>, kind: u8, m: &impl Message) {
-    // Encoding a well-formed message into a Vec cannot fail.
-    let bytes = m.write_to_bytes().unwrap_or_default();
-    encode(buf, kind, &bytes);
+/// `encode` of a message, written in place after its header (no copy of its own to make).
+fn encode_msg(
+    buf: &mut Vec<u8>,
+    kind: u8,
+    write: impl FnOnce(&mut Vec<u8>) -> protobuf::ProtobufResult<()>,
+) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; HEADER]);
+    buf[start + HEADER - 1] = kind;
+    // Encoding a well-formed message into a Vec cannot fail; were it to, the record is empty.
+    if write(buf).is_err() {
+        buf.truncate(start + HEADER);
+    }
+    let len = (buf.len() - start - HEADER) as u32;
+    let crc = crc32c::crc32c(&buf[start + HEADER - 1..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn snapshot_bytes(s: SnapshotMark) -> [u8; 16] {
@@ -427,6 +447,7 @@ impl Wal {
             snapshot: SnapshotMark::default(),
             last_index: 0,
             prealloc,
+            scratch: Vec::new(),
             _lock: lock,
         };
         wal.cut()?;
@@ -519,6 +540,7 @@ impl Wal {
             hard_state: rec.hard_state.clone(),
             snapshot: rec.snapshot,
             last_index,
+            scratch: Vec::new(),
             _lock: lock,
         };
         Ok((wal, rec))
@@ -535,15 +557,21 @@ impl Wal {
         if hard_state.is_none() && entries.is_empty() {
             return Ok(());
         }
-        let mut buf = Vec::new();
+        // One buffer kept from save to save (a lone write's record and hard state, usually).
+        let mut buf = mem::take(&mut self.scratch);
+        buf.clear();
         for e in entries {
-            encode_msg(&mut buf, KIND_ENTRY, e);
+            encode_msg(&mut buf, KIND_ENTRY, |b| raftpb::put_entry(b, e));
         }
         if let Some(hs) = hard_state {
-            encode_msg(&mut buf, KIND_HARD_STATE, hs);
+            encode_msg(&mut buf, KIND_HARD_STATE, |b| raftpb::put_hard_state(b, hs));
         }
         fail::fail_point!("wal_before_save");
-        self.write(&buf, sync)?;
+        let written = self.write(&buf, sync);
+        if buf.capacity() <= SCRATCH_KEPT {
+            self.scratch = buf;
+        }
+        written?;
         fail::fail_point!("wal_after_save");
         if let Some(hs) = hard_state {
             self.hard_state = hs.clone();
@@ -620,7 +648,9 @@ impl Wal {
     fn head(&self) -> Vec<u8> {
         let mut buf = Vec::new();
         encode(&mut buf, KIND_METADATA, &self.metadata);
-        encode_msg(&mut buf, KIND_HARD_STATE, &self.hard_state);
+        encode_msg(&mut buf, KIND_HARD_STATE, |b| {
+            raftpb::put_hard_state(b, &self.hard_state)
+        });
         encode(&mut buf, KIND_SNAPSHOT, &snapshot_bytes(self.snapshot));
         buf
     }

@@ -25,7 +25,6 @@
 
 use std::time::{Duration, Instant};
 
-use protobuf::Message as _;
 use raft::eraftpb::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -197,8 +196,7 @@ pub(super) fn refused(url: &str, why: &str) -> String {
 
 /// Appends `m` as a frame.
 pub(super) fn encode(m: &Message, buf: &mut Vec<u8>) -> Result<(), String> {
-    m.write_length_delimited_to_vec(buf)
-        .map_err(|e| format!("encode: {e}"))
+    crate::raftpb::put_message_delimited(buf, m).map_err(|e| format!("encode: {e}"))
 }
 
 /// Writes `bytes` (and flushes: TLS holds what it is given until then), within [`DEAD`]: a
@@ -248,7 +246,7 @@ pub(super) fn decode(buf: &mut Vec<u8>, out: &mut Vec<Message>) -> Result<(), St
             break Ok(());
         }
         if len > 0 {
-            match Message::parse_from_bytes(&buf[at + n..end]) {
+            match crate::raftpb::parse_message(&buf[at + n..end]) {
                 Ok(m) => out.push(m),
                 Err(e) => break Err(format!("bad raft message: {e}")),
             }
