@@ -186,6 +186,13 @@ impl<'a> Reader<'a> {
     /// A varint of at most ten bytes whose value fits 64 bits (rust-protobuf drops the bits
     /// of a longer one's tenth byte; those are left to it).
     fn varint(&mut self) -> Option<u64> {
+        // Most are one byte: tags, types, small lengths.
+        if let Some((&byte, rest)) = self.0.split_first() {
+            if byte < 0x80 {
+                self.0 = rest;
+                return Some(u64::from(byte));
+            }
+        }
         let mut v = 0u64;
         for (i, &byte) in self.0.iter().enumerate().take(10) {
             if i == 9 && byte > 1 {

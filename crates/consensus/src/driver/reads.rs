@@ -74,6 +74,9 @@ impl<O: Send + 'static> Driver<O> {
     }
 
     pub(super) fn answer_applied_now(&mut self) {
+        if self.changes_applied.is_empty() && self.reads_ready.is_empty() {
+            return;
+        }
         let applied = self.applied;
         let (done, wait): (Vec<_>, Vec<_>) = mem::take(&mut self.changes_applied)
             .into_iter()
