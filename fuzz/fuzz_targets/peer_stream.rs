@@ -1,6 +1,7 @@
 //! The peer port's framed raft stream as a peer (or anyone who knows the cluster id) could send
 //! it after the opening, arriving in pieces of any size: the same messages and the same error
-//! as when it arrives whole, never a panic; and the records a sender reads back.
+//! as when it arrives whole, never a panic; the records a sender reads back; and one message's
+//! bytes, read as rust-protobuf reads them.
 #![no_main]
 
 use consensus::grpc::parse;
@@ -13,6 +14,15 @@ fuzz_target!(|data: &[u8]| {
     };
     if mode & 1 == 1 {
         let _ = parse::records(rest);
+        return;
+    }
+    if mode & 2 == 2 {
+        let ours = parse::message(rest);
+        let theirs = raft::eraftpb::Message::parse_from_bytes(rest);
+        assert_eq!(ours.is_ok(), theirs.is_ok(), "{ours:?} {theirs:?}");
+        if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
+            assert_eq!(ours, theirs);
+        }
         return;
     }
     // Piece sizes from 1 to 64 bytes, chosen by the input's own bytes.

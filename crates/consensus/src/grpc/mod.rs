@@ -58,6 +58,12 @@ pub mod parse {
         (out, None)
     }
 
+    /// One raft message's bytes as the receiver reads them (`crate::raftpb`, which leaves
+    /// what it is not sure of to rust-protobuf).
+    pub fn message(bytes: &[u8]) -> Result<Message, String> {
+        crate::raftpb::parse_message(bytes).map_err(|e| e.to_string())
+    }
+
     /// A sender's reading of the receiver's records: `Err` is the stream's end (a refusal, or
     /// a record it does not know).
     pub fn records(bytes: &[u8]) -> Result<(), String> {

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Instructions executed per replicated put by one member of a fresh three-member cluster, counted
+# by valgrind's callgrind: the member runs under it (member 2; made the leader with `leader`, a
+# follower with `follower`, alone in a cluster of one with `one`), one client puts N 256-byte
+# values through the leader at RATE puts/s (slow enough for the member under callgrind to keep
+# up). Counts are near-deterministic, unlike CPU
+# time on a noisy machine: for A/B comparisons of two builds' per-write code paths. Left out:
+# the store's background flush thread (its cost per put depends on the rate: a flush every
+# 100 ms takes what came since). At this rate each put's commit index goes out on its own
+# (`Config::commit_tell_delay` passes before the next put), which a busy leader piggybacks.
+# Prints the total, each thread's share, and leaves the per-thread profiles in OUT (default a
+# temporary directory, removed) for `callgrind_annotate --inclusive=yes FILE`.
+# Usage:  [N=puts] [RATE=puts/s] [OUT=dir] cluster-instructions.sh path/to/kvd leader|follower|one
+# Needs: valgrind (apt-get install valgrind), go (etcd-tools.sh builds etcdctl and benchmark).
+set -euo pipefail
+exe=$(readlink -f "${1:?usage: cluster-instructions.sh path/to/kvd leader|follower|one}")
+role=${2:?usage: cluster-instructions.sh path/to/kvd leader|follower|one}
+n=${N:-1000}
+rate=${RATE:-50}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$("$here/etcd-tools.sh" --with-benchmark)
+d=$(mktemp -d)
+out=${OUT:-$d/profiles}
+mkdir -p "$out"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
+. "$here/three-members.sh"
+if [ "$role" = one ]; then
+  cluster=m2=http://127.0.0.1:23802 eps=127.0.0.1:23792
+else
+  start_member 0
+  start_member 1
+fi
+c=http://127.0.0.1:23792 p=http://127.0.0.1:23802
+valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.%p" \
+  "$exe" --name m2 --data-dir "$d/m2" --listen-client-urls "$c" --advertise-client-urls "$c" \
+  --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" --initial-cluster "$cluster" \
+  >>"$d/m2.log" 2>&1 &
+pids[2]=$!
+[ "$role" = one ] && first=127.0.0.1:23792 || first=127.0.0.1:23790,127.0.0.1:23791
+took_write "$first" foo || { echo "the cluster took no write" >&2; exit 1; }
+status() { "$bin/etcdctl" --endpoints "$1" endpoint status -w json; }
+# Wait for member 2 to catch up (it starts slowly under callgrind).
+for _ in $(seq 300); do
+  status 127.0.0.1:23792 >/dev/null 2>&1 && break
+  sleep 0.2
+done
+if [ "$role" = leader ]; then
+  id=$(status 127.0.0.1:23792 | python3 -c '
+import json, sys
+print("%x" % json.load(sys.stdin)[0]["Status"]["header"]["member_id"])')
+  "$bin/etcdctl" --endpoints "$eps" move-leader "$id" >/dev/null
+  sleep 5
+fi
+leader=$(status "$eps" | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
+        print(s["Endpoint"])')
+case "$role:$leader" in
+  leader:127.0.0.1:23792 | one:127.0.0.1:23792 | follower:127.0.0.1:2379[01]) ;;
+  *) echo "member 2 is not the $role (the leader is $leader)" >&2; exit 1 ;;
+esac
+put() {
+  "$bin/benchmark" --endpoints "$leader" --conns 1 --clients 1 put --key-size 8 \
+    --sequential-keys --val-size 256 --total "$1" --rate "$rate" >/dev/null 2>&1
+}
+put 300 # warm up: connections, the store's first pages
+sleep 3
+callgrind_control -z "${pids[2]}" >/dev/null 2>&1
+put "$n"
+sleep 2
+callgrind_control -d "${pids[2]}" >/dev/null 2>&1
+sleep 2
+echo "member 2 as $role, $n puts at $rate/s through $leader:"
+for f in "$out"/callgrind.*.1-*; do
+  t=$(awk '/^summary:/{print $2; exit}' "$f")
+  name=$(grep -m1 -o 'flush_loop' "$f" || true)
+  echo "$t ${name:-other} $f"
+done | awk -v n="$n" '
+  $2 == "flush_loop" { printf "  %-44s %8d per put (left out)\n", "the flush thread", $1 / n; next }
+  $1 > 0 { s += $1; t = $3; sub(/.*-/, "thread ", t); if ($1 / n >= 100) printf "  %-44s %8d per put\n", t, $1 / n }
+  END { printf "instructions per put, all threads but the flush: %d\n", s / n }'
