@@ -52,11 +52,7 @@ print("%x" % json.load(sys.stdin)[0]["Status"]["header"]["member_id"])')
   "$bin/etcdctl" --endpoints "$eps" move-leader "$id" >/dev/null
   sleep 5
 fi
-leader=$(status "$eps" | python3 -c '
-import json, sys
-for s in json.load(sys.stdin):
-    if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
-        print(s["Endpoint"])')
+leader=$(leader_endpoint "$eps")
 case "$role:$leader" in
   leader:127.0.0.1:23792 | one:127.0.0.1:23792 | follower:127.0.0.1:2379[01]) ;;
   *) echo "member 2 is not the $role (the leader is $leader)" >&2; exit 1 ;;
@@ -79,5 +75,8 @@ for f in "$out"/callgrind.*.1-*; do
   echo "$t ${name:-other} $f"
 done | awk -v n="$n" '
   $2 == "flush_loop" { printf "  %-44s %8d per put (left out)\n", "the flush thread", $1 / n; next }
-  $1 > 0 { s += $1; t = $3; sub(/.*-/, "thread ", t); if ($1 / n >= 100) printf "  %-44s %8d per put\n", t, $1 / n }
+  $1 > 0 {
+    s += $1; t = $3; sub(/.*-/, "thread ", t)
+    if ($1 / n >= 100) printf "  %-44s %8d per put\n", t, $1 / n
+  }
   END { printf "instructions per put, all threads but the flush: %d\n", s / n }'

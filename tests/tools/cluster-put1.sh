@@ -33,11 +33,8 @@ if [ "$(basename "$exe")" = noop-kv ]; then
   leader=23790
 else
   start_cluster foo
-  leader=$("$bin/etcdctl" --endpoints "$eps" endpoint status -w json | python3 -c '
-import json, sys
-for s in json.load(sys.stdin):
-    if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
-        print(s["Endpoint"].rsplit(":", 1)[1])')
+  leader=$(leader_endpoint "$eps")
+  leader=${leader##*:}
 fi
 [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
 port=$leader

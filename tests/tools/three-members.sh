@@ -1,7 +1,7 @@
 # Sourced by the tools that start a three-member cluster of one build on loopback
-# (cluster-put1.sh, restart-memory.sh). Expects: exe (the server), d (a scratch directory),
-# bin (etcd-tools.sh's directory), pids (an array). Member i listens on 2379i for clients and
-# 2380i for peers, keeps its data in $d/m$i and logs to $d/m$i.log.
+# (cluster-put1.sh, cluster-instructions.sh, restart-memory.sh). Expects: exe (the server), d
+# (a scratch directory), bin (etcd-tools.sh's directory), pids (an array). Member i listens on
+# 2379i for clients and 2380i for peers, keeps its data in $d/m$i and logs to $d/m$i.log.
 cluster=m0=http://127.0.0.1:23800,m1=http://127.0.0.1:23801,m2=http://127.0.0.1:23802
 eps=127.0.0.1:23790,127.0.0.1:23791,127.0.0.1:23792
 
@@ -31,4 +31,13 @@ start_cluster() {
   echo "the cluster took no write; member 0's log:" >&2
   tail -20 "$d/m0.log" >&2
   return 1
+}
+
+# Prints the endpoint (host:port) of the leader among endpoints $1, as their members see it.
+leader_endpoint() {
+  "$bin/etcdctl" --endpoints "$1" endpoint status -w json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    if s["Status"]["leader"] == s["Status"]["header"]["member_id"]:
+        print(s["Endpoint"])'
 }

@@ -161,16 +161,16 @@ fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
     ))
 }
 
+/// Appends a record of `payload`.
 fn encode(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
-    let mut crc = crc32c::crc32c(&[kind]);
-    crc = crc32c::crc32c_append(crc, payload);
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&crc.to_le_bytes());
-    buf.push(kind);
-    buf.extend_from_slice(payload);
+    encode_msg(buf, kind, |b| {
+        b.extend_from_slice(payload);
+        Ok(())
+    });
 }
 
-/// `encode` of a message, written in place after its header (no copy of its own to make).
+/// Appends a record whose payload `write` appends, in place after its header (no copy of its
+/// own to make): its length, the CRC of its kind and payload, its kind.
 fn encode_msg(
     buf: &mut Vec<u8>,
     kind: u8,
