@@ -75,7 +75,10 @@ fn three_members_elect_replicate_and_forward() {
 /// A leader tells a new commit index with the next entries, not in an empty append to every
 /// follower each time it moves; a follower whose proposal it commits is told alone (it
 /// answers its client once it applied). The delay before an untold index goes out alone is
-/// set beyond the test, so every append is counted.
+/// set beyond the test, so every append is counted. Heartbeats' answers are dropped while
+/// counting: one from a follower still behind makes raft-rs send it an append at once, as
+/// many as the machine's load makes heartbeats overtake appends, and those are not the
+/// appends counted here.
 #[test]
 fn a_commit_index_rides_with_the_next_entries() {
     fn patient(c: &mut Config) {
@@ -87,6 +90,7 @@ fn a_commit_index_rides_with_the_next_entries() {
     let fs: Vec<u64> = c.ids.iter().copied().filter(|&i| i != l).collect();
     let (f1, f2) = (fs[0], fs[1]);
     c.propose(l, b"settle".to_vec()).unwrap();
+    c.net.mute_heartbeat_answers(true);
     let n = 40;
     // The appends the leader sends each follower while `n` proposals go through `via`, and
     // the answers the proposing follower sends back.
@@ -116,6 +120,7 @@ fn a_commit_index_rides_with_the_next_entries() {
     // It answers the appends that carry its entries, not those that only tell it the index
     // (an answer at an index the leader knows it holds changes nothing there).
     assert!(answers <= n + 1, "{answers} answers to {to_f1} appends");
+    c.net.mute_heartbeat_answers(false);
     c.check();
 }
 

@@ -164,6 +164,8 @@ pub struct Net {
     inboxes: Mutex<BTreeMap<u64, Inbox>>,
     /// Links that drop everything (from, to).
     cut: Mutex<HashSet<(u64, u64)>>,
+    /// Whether heartbeats' answers are dropped (on every link).
+    mute_heartbeat_answers: AtomicBool,
     /// Per mille of messages dropped.
     drop_per_mille: AtomicU64,
     delay_ms: AtomicU64,
@@ -234,6 +236,11 @@ impl Net {
             *self.answers.lock().entry((m.from, m.to)).or_default() += 1;
         }
         if self.blocked(m.from, m.to) {
+            return;
+        }
+        if m.get_msg_type() == MessageType::MsgHeartbeatResponse
+            && self.mute_heartbeat_answers.load(Ordering::Relaxed)
+        {
             return;
         }
         let p = self.drop_per_mille.load(Ordering::Relaxed);
@@ -315,6 +322,13 @@ impl Net {
 
     pub fn heal(&self) {
         self.cut.lock().clear();
+    }
+
+    /// Drops (or again delivers) every heartbeat's answer. A leader answered by a heartbeat
+    /// of a follower behind it sends that follower an append at once (raft-rs); with the
+    /// answers gone, the appends a test counts are those its writes caused.
+    pub fn mute_heartbeat_answers(&self, mute: bool) {
+        self.mute_heartbeat_answers.store(mute, Ordering::Relaxed);
     }
 
     pub fn set_drop(&self, per_mille: u64) {
