@@ -7,7 +7,10 @@
 //! same router. A verified client certificate's CN travels with every request of its
 //! connection ([`rpc::ClientCert`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use grpc_wire::Protocol;
@@ -138,9 +141,42 @@ pub async fn serve(l: TcpListener, port: Port, mode: Mode, stop: watch::Receiver
     while conns.join_next().await.is_some() {}
 }
 
-/// Resolves once `stop` turns true.
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+/// Resolves once `stop` turns true (or its sender is gone).
+fn stopped(stop: watch::Receiver<bool>) -> Stopped {
+    let seen = stop.clone();
+    let mut stop = stop;
+    Stopped {
+        waiting: Box::pin(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }),
+        seen,
+        waker: None,
+    }
+}
+
+/// A connection polls its stop each time it is woken, several times a request. Between sends
+/// on the channel a poll costs one atomic load: the wait registered with the same waker
+/// before still stands, and a send wakes it.
+struct Stopped {
+    waiting: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// A receiver that saw what `waiting`'s saw when it began: `has_changed` tells a send since.
+    seen: watch::Receiver<bool>,
+    /// The waker `waiting` was last polled with.
+    waker: Option<Waker>,
+}
+
+impl Future for Stopped {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let quiet = matches!(this.seen.has_changed(), Ok(false));
+        if quiet && this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
+        }
+        this.waker = Some(cx.waker().clone());
+        this.waiting.as_mut().poll(cx)
+    }
 }
 
 async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
@@ -255,4 +291,45 @@ async fn http1(
     // Finish the request under way, then close.
     conn.as_mut().graceful_shutdown();
     conn.await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `f` once with `cx`'s waker and says whether it finished.
+    async fn ready(f: &mut Stopped) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *f).poll(cx).is_ready())).await
+    }
+
+    #[tokio::test]
+    async fn a_stop_wakes_its_connection_once_sent_true_and_not_before() {
+        let (tx, rx) = watch::channel(false);
+        let mut s = stopped(rx);
+        for _ in 0..3 {
+            assert!(!ready(&mut s).await);
+        }
+        // A send that does not stop: polled again, still waiting.
+        tx.send(false).unwrap();
+        assert!(!ready(&mut s).await);
+        // Waiting in a task of its own (a new waker): the send must wake it.
+        let waiting = tokio::spawn(s);
+        tokio::task::yield_now().await;
+        tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken by the stop")
+            .unwrap();
+        // Already stopped when it began: done at its first poll.
+        assert!(ready(&mut stopped(tx.subscribe())).await);
+    }
+
+    #[tokio::test]
+    async fn a_stop_whose_sender_is_gone_is_done() {
+        let (tx, rx) = watch::channel(false);
+        let mut s = stopped(rx);
+        assert!(!ready(&mut s).await);
+        drop(tx);
+        assert!(ready(&mut s).await);
+    }
 }

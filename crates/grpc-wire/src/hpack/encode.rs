@@ -5,6 +5,8 @@
 //! afterwards. Everything else goes as a literal without indexing, so the table holds only
 //! what was chosen and its size needs no bookkeeping beyond the peer's limit.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 
 use super::huffman;
@@ -50,17 +52,36 @@ fn string(out: &mut Vec<u8>, s: &[u8]) {
     }
 }
 
-fn static_index(name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
-    let mut by_name = None;
-    for (i, (n, v)) in STATIC.iter().enumerate() {
-        if n.as_bytes() == name {
-            if v.as_bytes() == value {
-                return (Some(i + 1), Some(i + 1));
+/// The static table's names, each once, ordered by length then bytes (the cheap comparison
+/// first), with the range of indexes (from 1) holding it: the table keeps a name's entries
+/// together.
+fn static_names() -> &'static [(&'static [u8], std::ops::Range<usize>)] {
+    static NAMES: OnceLock<Vec<(&'static [u8], std::ops::Range<usize>)>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut names: Vec<(&'static [u8], std::ops::Range<usize>)> = Vec::new();
+        for (i, (n, _)) in STATIC.iter().enumerate() {
+            match names.last_mut() {
+                Some((last, r)) if *last == n.as_bytes() => r.end = i + 2,
+                _ => names.push((n.as_bytes(), i + 1..i + 2)),
             }
-            by_name.get_or_insert(i + 1);
         }
-    }
-    (None, by_name)
+        names.sort_by(|a, b| (a.0.len(), a.0).cmp(&(b.0.len(), b.0)));
+        names
+    })
+}
+
+/// The static entry (index from 1) holding `name: value`, and one holding `name`.
+fn static_index(name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
+    let names = static_names();
+    let Ok(at) = names.binary_search_by(|(n, _)| (n.len(), *n).cmp(&(name.len(), name))) else {
+        return (None, None);
+    };
+    let range = names[at].1.clone();
+    let first = range.start;
+    let exact = range
+        .into_iter()
+        .find(|&i| STATIC[i - 1].1.as_bytes() == value);
+    (exact, Some(first))
 }
 
 impl Encoder {
@@ -185,6 +206,32 @@ mod tests {
         e.begin(&mut block);
         e.field(&mut block, b"grpc-status", b"0", true);
         assert_ne!(block[0] & 0x80, 0x80, "not an index into an empty table");
+    }
+
+    /// The lookup finds what a scan of the whole static table finds: an entry holding the
+    /// field, else the first holding its name.
+    #[test]
+    fn static_lookup_matches_a_scan_of_the_table() {
+        let scan = |name: &[u8], value: &[u8]| {
+            let at = |f: &dyn Fn(&(&str, &str)) -> bool| STATIC.iter().position(f).map(|i| i + 1);
+            let exact = at(&|(n, v)| n.as_bytes() == name && v.as_bytes() == value);
+            (exact, at(&|(n, _)| n.as_bytes() == name))
+        };
+        let mut fields: Vec<(&[u8], &[u8])> = Vec::new();
+        for (n, v) in STATIC {
+            fields.extend([(n.as_bytes(), v.as_bytes()), (n.as_bytes(), b"other")]);
+        }
+        fields.extend([
+            (&b"grpc-status"[..], &b"0"[..]),
+            (b"grpc-message", b""),
+            (b":statu", b"200"),
+            (b":statuss", b"200"),
+            (b"", b""),
+            (b"Content-Type", b"application/grpc"),
+        ]);
+        for (n, v) in fields {
+            assert_eq!(static_index(n, v), scan(n, v), "{n:?} {v:?}");
+        }
     }
 
     #[test]

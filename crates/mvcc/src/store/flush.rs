@@ -101,7 +101,7 @@ impl Inner {
             {
                 return Ok(());
             }
-            let fresh = Arc::new(Pending::default());
+            let fresh = Arc::new(Pending::sized_like(&st.pending));
             let taken = std::mem::replace(&mut st.pending, fresh.clone());
             st.pending_len = 0;
             self.view.write().pendings.push(fresh);

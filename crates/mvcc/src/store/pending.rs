@@ -36,7 +36,24 @@ impl PendingData {
     }
 }
 
+/// The most a new batch reserves up front, for its values (and 1/32 of it for its revisions).
+const MAX_RESERVED: usize = 1 << 20;
+
 impl Pending {
+    /// An empty batch with room for what `last` came to hold (up to [`MAX_RESERVED`]): a
+    /// steady write rate fills the next one without regrowing (and copying) it write by write.
+    pub(super) fn sized_like(last: &Pending) -> Pending {
+        let last = last.entries.read();
+        let data = last.data.len().min(MAX_RESERVED);
+        let revs = last.revs.len().min(MAX_RESERVED / 32);
+        Pending {
+            entries: RwLock::new(PendingData {
+                data: Vec::with_capacity(data),
+                revs: Vec::with_capacity(revs),
+            }),
+        }
+    }
+
     /// The stored bytes of revision `rev` (not a tombstone), if this batch has it.
     pub(super) fn with<T>(&self, rev: Rev, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
         let e = self.entries.read();
