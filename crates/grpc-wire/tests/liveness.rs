@@ -70,6 +70,27 @@ async fn a_client_that_answers_pings_stays() {
     assert!(!conn.is_finished());
 }
 
+/// The keepalive timer is looked at, not polled, while it holds the connection's waker: a
+/// connection woken by many calls must still be pinged once its client goes quiet, and
+/// dropped if that ping goes unanswered.
+#[tokio::test]
+async fn a_client_quiet_after_calls_is_pinged_and_then_dropped() {
+    let (mut c, conn) = common::connect(cfg(Some(Duration::from_millis(200))));
+    c.write_all(&common::preface()).await.unwrap();
+    for stream in (1..40).step_by(2) {
+        call(&mut c, stream).await;
+    }
+    read_until(&mut c, false, WAIT, |f| f.0 == common::PING && f.1 == 0)
+        .await
+        .expect("the server pings the client gone quiet");
+    assert!(read_until(&mut c, false, WAIT, |_| false).await.is_none());
+    let ended = tokio::time::timeout(WAIT, conn).await.unwrap().unwrap();
+    assert!(
+        matches!(ended, Err(grpc_wire::Error::KeepaliveTimeout(_))),
+        "{ended:?}"
+    );
+}
+
 #[tokio::test]
 async fn pings_too_close_together_end_the_connection() {
     let (mut c, conn) = common::connect(cfg(None));

@@ -9,7 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Context;
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -32,6 +32,10 @@ const PING_WITHOUT_STREAMS: Duration = Duration::from_secs(2 * 3600);
 pub(super) struct Liveness {
     /// Fires when a keepalive ping is due or overdue; `None` when keepalive is off.
     timer: Option<Pin<Box<Sleep>>>,
+    /// The waker `timer` was last polled with: while it is the connection's and the timer has
+    /// not fired, polling it again (at every wake-up of the connection, several a request)
+    /// would only register the same waker again.
+    timer_waker: Option<Waker>,
     interval: Duration,
     timeout: Duration,
     ping_min_interval: Duration,
@@ -57,6 +61,7 @@ impl Liveness {
                 .keepalive_interval
                 .filter(|d| !d.is_zero())
                 .map(|d| Box::pin(tokio::time::sleep_until((now + d).into()))),
+            timer_waker: None,
             interval: cfg.keepalive_interval.unwrap_or_default(),
             timeout: cfg.keepalive_timeout,
             ping_min_interval: cfg.ping_min_interval,
@@ -95,6 +100,15 @@ where
         let Some(timer) = &mut l.timer else {
             return false;
         };
+        // A timer fires (is elapsed) before it wakes the waker it holds.
+        let registered = l
+            .timer_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        if registered && !timer.is_elapsed() {
+            return false;
+        }
+        l.timer_waker = Some(cx.waker().clone());
         if timer.as_mut().poll(cx).is_pending() {
             return false;
         }
