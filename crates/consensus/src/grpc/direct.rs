@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
 use super::framed::{encode, read_records, DEAD, KEEPALIVE, KEEPALIVE_RECORD};
+use super::ticker::Ticker;
 
 /// The most bytes a link's backlog holds: past it the peer is not reading, and raft is told
 /// it is unreachable (as when the link's queue is full).
@@ -169,8 +170,7 @@ pub(super) async fn pump(
 ) -> Result<(), String> {
     let mut records = Vec::new();
     let mut last_read = Instant::now();
-    let mut tick = tokio::time::interval(KEEPALIVE);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = Ticker::new(KEEPALIVE);
     loop {
         tokio::select! {
             _ = d.wake.notified() => d.drain(url).await?,

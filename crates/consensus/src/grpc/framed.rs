@@ -30,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::service::PeerService;
+use super::ticker::Ticker;
 use super::wire::{check_hello, removed, Ident, MAX_MESSAGE, OPEN_TIMEOUT, REMOVED};
 use crate::dial::{Dialer, PeerStream};
 use ids::{ClusterId, MemberId};
@@ -126,8 +127,7 @@ pub(super) async fn pump(
     let mut buf = Vec::new();
     let mut last_read = Instant::now();
     let mut last_write = Instant::now();
-    let mut tick = tokio::time::interval(KEEPALIVE);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = Ticker::new(KEEPALIVE);
     loop {
         tokio::select! {
             m = rx.recv() => {
@@ -312,8 +312,7 @@ impl PeerService {
         let mut buf = Vec::with_capacity(64 << 10);
         let mut last_read = Instant::now();
         let mut last_write = Instant::now();
-        let mut tick = tokio::time::interval(KEEPALIVE);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = Ticker::new(KEEPALIVE);
         let why = loop {
             tokio::select! {
                 n = r.read_buf(&mut buf) => {

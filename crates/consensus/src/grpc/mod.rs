@@ -27,6 +27,7 @@ mod probe;
 mod sender;
 mod service;
 mod snapshot;
+mod ticker;
 mod wire;
 
 /// The generated protocol code.
