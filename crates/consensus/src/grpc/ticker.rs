@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 /// Ticks a period apart, the first at once, the next a period after the last was taken (as
-/// tokio's `interval` with `MissedTickBehavior::Delay`). A link's loop asks for the next tick each time anything wakes
-/// the link, several times a write: between ticks that costs a look at whether the timer
-/// fired, not a pass through tokio's timer, for the timer keeps the waker it was last polled
-/// with and fires before it wakes it.
+/// tokio's `interval` with `MissedTickBehavior::Delay`). A link's loop asks for the next tick
+/// each time anything wakes the link, several times a write: between ticks that costs a look
+/// at whether the timer fired, not a pass through tokio's timer, for the timer keeps the waker
+/// it was last polled with and fires before it wakes it.
 #[derive(Debug)]
 pub(super) struct Ticker {
     sleep: Pin<Box<Sleep>>,
