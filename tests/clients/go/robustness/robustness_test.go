@@ -2,6 +2,7 @@ package robustness
 
 import (
 	"context"
+	"io"
 	"math/rand"
 	"os"
 	"strconv"
@@ -167,10 +168,24 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 			t.Errorf("a changed list at a past revision passed: %v", c.violations)
 		}
 	}
-	// Every lease that expired, taken as renewed an hour after its grant: each expired early.
+	// Every lease that expired, taken as renewed an hour after its grant: each expired early,
+	// but for one whose keys a revocation of unknown outcome could have deleted: the check
+	// then pins the deletion on that revocation, as it should.
 	if rep.Expired == 0 {
 		t.Errorf("no lease expired in the run")
 	} else {
+		doubtful := map[int64]bool{}
+		for _, op := range hist {
+			if in, o := op.Input.(input), op.Output.(output); in.kind == opRevoke && o.unknown {
+				doubtful[in.lease] = true
+			}
+		}
+		want := 0
+		for _, op := range rep.patched {
+			if op.ClientId == expiryClient && !doubtful[op.Input.(input).lease] {
+				want++
+			}
+		}
 		leases := map[int64]*leaseRec{}
 		for id, l := range rep.leases {
 			c := *l
@@ -185,8 +200,8 @@ func checkValidatorsFail(t *testing.T, rep *Report) {
 				early++
 			}
 		}
-		if early != min(rep.Expired, 50) {
-			t.Errorf("%d leases expired, %d reported early: %v", rep.Expired, early, c.violations)
+		if early < min(want, 50) || early > rep.Expired {
+			t.Errorf("%d leases expired (%d of them with no revocation of unknown outcome), %d reported early: %v", rep.Expired, want, early, c.violations)
 		}
 	}
 	mutate("drop", "missed revision", func(ws []*watcher) bool {
@@ -323,7 +338,10 @@ func TestWatchRequiringALeaderEndsOnAnIsolatedMember(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		if err := s.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("k")}}}); err != nil {
+		// A stream the member refused at once may end before the request goes: grpc-go's Send
+		// then says io.EOF, and the refusal is Recv's to tell.
+		err = s.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("k")}}})
+		if err != nil && err != io.EOF {
 			return nil, err
 		}
 		_, err = s.Recv() // created, or the refusal
