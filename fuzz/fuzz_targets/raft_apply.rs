@@ -27,20 +27,16 @@ fuzz_target!(|data: &[u8]| {
     let backend = Arc::new(Backend::open(&path, Default::default()).expect("a new store"));
     let auth = Arc::new(Auth::new(Tokens::None, 4, false));
     let mut sm = KvStateMachine::new(backend.clone(), auth);
-    let batch: Vec<Committed<'_>> = entries
+    let mut batch: Vec<Committed<'_>> = entries
         .iter()
         .enumerate()
-        .map(|(i, d)| Committed {
-            index: consensus::RaftIndex(i as u64 + 1),
-            term: 1,
-            data: Some(d),
-        })
+        .map(|(i, d)| committed(i, d))
         .collect();
     // One batch, then each entry again in a batch of its own (already applied: skipped).
-    let answers = sm.apply(&batch).expect("no entry fails the store");
+    let answers = sm.apply(&mut batch).expect("no entry fails the store");
     assert_eq!(answers.len(), batch.len());
-    for c in &batch {
-        sm.apply(std::slice::from_ref(c))
+    for (i, d) in entries.iter().enumerate() {
+        sm.apply(&mut [committed(i, d)])
             .expect("a re-applied entry is skipped");
     }
     sm.sync().expect("a flush");
@@ -50,3 +46,13 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(reopened.store().applied().index.0, batch.len() as u64);
     assert!(reopened.store().db().check().is_ok(), "the file checks out");
 });
+
+/// The `i`th entry (index `i + 1`), holding `d`, as a follower applies it.
+fn committed(i: usize, d: &[u8]) -> Committed<'_> {
+    Committed {
+        index: consensus::RaftIndex(i as u64 + 1),
+        term: 1,
+        data: Some(d),
+        local: None,
+    }
+}

@@ -199,14 +199,25 @@ impl<S: StateMachine> Applier<S> {
                 index: RaftIndex(e.index),
                 term: e.term,
                 data,
+                local: None,
             });
             origins.push(origin);
+        }
+        // What this member's waiting proposers handed along, for the state machine to take.
+        let me = self.shared.id.0;
+        if origins.iter().flatten().any(|o| o.0 == me) {
+            let mut waiters = self.shared.waiters.lock();
+            for (c, origin) in batch.iter_mut().zip(&origins) {
+                if let Some((_, seq)) = origin.filter(|o| o.0 == me) {
+                    c.local = waiters.get_mut(&seq).and_then(|w| w.local.take());
+                }
+            }
         }
         let outs = if batch.is_empty() {
             Vec::new()
         } else {
             fail::fail_point!("raft_before_apply");
-            let outs = self.sm.apply(&batch).map_err(Error::StateMachine)?;
+            let outs = self.sm.apply(&mut batch).map_err(Error::StateMachine)?;
             fail::fail_point!("raft_after_apply");
             if outs.len() != batch.len() {
                 return Err(Error::StateMachine(std::io::Error::other(format!(
@@ -223,9 +234,9 @@ impl<S: StateMachine> Applier<S> {
         if !outs.is_empty() {
             let mut waiters = self.shared.waiters.lock();
             for (origin, out) in origins.into_iter().zip(outs) {
-                if let Some((_, seq)) = origin.filter(|o| o.0 == self.shared.id.0) {
+                if let Some((_, seq)) = origin.filter(|o| o.0 == me) {
                     if let Some(w) = waiters.remove(&seq) {
-                        let _ = w.send(Ok(out));
+                        let _ = w.answer.send(Ok(out));
                     }
                 }
             }

@@ -26,7 +26,7 @@ pub use member::{
     cluster_id, member_id, parse_initial_cluster, BadInitialCluster, Member, Members,
 };
 pub use node::{
-    Change, Committed, Config, Error, Inbox, PeerProgress, RaftNode, Result, Role, Start,
+    Change, Committed, Config, Error, Inbox, Local, PeerProgress, RaftNode, Result, Role, Start,
     StateMachine, Status,
 };
 pub use raft::eraftpb::{Message, MessageType};

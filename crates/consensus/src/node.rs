@@ -9,6 +9,7 @@
 //! `snapshot_count` entries asks the state machine to make its state durable, after which the
 //! raft thread records a snapshot and purges the WAL behind it.
 
+use std::any::Any;
 use std::future::Future;
 use std::io::{self, Read};
 use std::path::PathBuf;
@@ -32,14 +33,23 @@ use crate::wal;
 use ids::{ClusterId, MemberId, RaftIndex};
 
 /// A committed entry as the state machine sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Committed<'a> {
     pub index: RaftIndex,
     pub term: u64,
     /// The proposed bytes; `None` for raft's own entries (a new leader's empty entry,
     /// membership changes), which the state machine only counts as applied.
     pub data: Option<&'a [u8]>,
+    /// On the member that proposed the entry, what its proposer handed along with the bytes
+    /// ([`RaftNode::propose_local`]) while it still waits for the answer: for the state
+    /// machine to take instead of decoding `data` again. `None` elsewhere.
+    pub local: Option<Local>,
 }
+
+/// A proposal's request as its proposer had it before encoding it into the entry's bytes
+/// ([`RaftNode::propose_local`], [`Committed::local`]). It must be what the bytes say: other
+/// members decode the bytes.
+pub type Local = Box<dyn Any + Send>;
 
 /// What consensus replicates into. It knows nothing of keys: kvd's implementation applies
 /// requests to mvcc.
@@ -53,7 +63,7 @@ pub trait StateMachine: Send + 'static {
 
     /// Applies committed entries, in order: one output per entry. The index of the last one
     /// is applied afterwards. An error stops the member.
-    fn apply(&mut self, batch: &[Committed<'_>]) -> io::Result<Vec<Self::Output>>;
+    fn apply(&mut self, batch: &mut [Committed<'_>]) -> io::Result<Vec<Self::Output>>;
 
     /// Makes everything applied durable: the log before it is then deleted.
     fn sync(&mut self) -> io::Result<()>;
@@ -276,7 +286,11 @@ pub struct PeerProgress {
     pub active_since: Option<std::time::Instant>,
 }
 
-type Waiter<O> = oneshot::Sender<Result<O>>;
+/// A proposal made on this member, waiting for its answer, and what it handed its apply.
+pub(crate) struct Waiter<O> {
+    pub(crate) answer: oneshot::Sender<Result<O>>,
+    pub(crate) local: Option<Local>,
+}
 
 /// State shared by the handle, the raft thread and the apply thread.
 pub(crate) struct Shared<O> {
@@ -380,7 +394,7 @@ impl<O> Shared<O> {
     /// Answers every outstanding proposal with `err` (the node is going away).
     pub(crate) fn fail_all(&self, err: impl Fn() -> Error) {
         for (_, w) in self.waiters.lock().drain() {
-            let _ = w.send(Err(err()));
+            let _ = w.answer.send(Err(err()));
         }
     }
 
@@ -576,11 +590,30 @@ impl<O: Send + 'static> RaftNode<O> {
     /// (Measured on three members, the two ways' put100 and txn-put differ within noise; the
     /// busy case keeps the path it had. A lone write through the leader: 10 % less CPU.)
     pub fn propose(&self, data: Vec<u8>) -> impl Future<Output = Result<O>> + Send + 'static {
+        self.propose_with(data, None)
+    }
+
+    /// [`propose`](Self::propose), handing this member's apply `local` with the entry
+    /// ([`Committed::local`]) if the proposal still waits when it applies: the request `data`
+    /// encodes, which the state machine then need not decode.
+    pub fn propose_local(
+        &self,
+        data: Vec<u8>,
+        local: Local,
+    ) -> impl Future<Output = Result<O>> + Send + 'static {
+        self.propose_with(data, Some(local))
+    }
+
+    fn propose_with(
+        &self,
+        data: Vec<u8>,
+        local: Option<Local>,
+    ) -> impl Future<Output = Result<O>> + Send + 'static {
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (answer, rx) = oneshot::channel();
         let alone = {
             let mut waiters = self.shared.waiters.lock();
-            waiters.insert(seq, tx);
+            waiters.insert(seq, Waiter { answer, local });
             waiters.len() == 1
         };
         let here = match self.shared.propose_at.load(Ordering::SeqCst) {

@@ -72,6 +72,29 @@ fn three_members_elect_replicate_and_forward() {
     assert_eq!(c.states[&1].lock().log.len(), 400);
 }
 
+/// What a proposer hands along with its proposal reaches its own member's apply, and only
+/// there: on the leader and on a forwarding follower, each entry it proposed (the harness's
+/// state machine checks that each is the entry's bytes); never on the third member.
+#[test]
+fn a_proposal_hands_its_local_to_its_own_members_apply() {
+    let c = Cluster::new(3, fast);
+    let l = c.leader();
+    let others: Vec<u64> = c.ids.iter().copied().filter(|&i| i != l).collect();
+    for i in 0..20 {
+        c.propose(l, format!("leader-{i}").into_bytes()).unwrap();
+    }
+    for i in 0..10 {
+        c.propose(others[0], format!("follower-{i}").into_bytes())
+            .unwrap();
+    }
+    c.check();
+    let locals = |id: u64| c.states[&id].lock().locals;
+    assert_eq!(
+        (locals(l), locals(others[0]), locals(others[1])),
+        (20, 10, 0)
+    );
+}
+
 /// A leader tells a new commit index with the next entries, not in an empty append to every
 /// follower each time it moves; a follower whose proposal it commits is told alone (it
 /// answers its client once it applied). The delay before an untold index goes out alone is

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use api::etcdserverpb::{LeaseRevokeRequest, ResponseHeader};
 use consensus::{Change, Member, RaftNode, Role};
 use ids::{ClusterId, LeaseId, MemberId, Revision};
+use prost::Message;
 use tonic::Status;
 
 use crate::auth::{Auth, AuthInfo};
@@ -201,17 +202,26 @@ impl Core {
             username: who.map(|w| w.user.clone()).unwrap_or_default(),
             auth_revision: who.map_or(0, |w| w.revision),
         };
-        self.propose_data(InternalRequest::encode_from(op, header))
-            .await
+        self.propose_request(InternalRequest {
+            op: Some(op),
+            header: Some(header),
+        })
+        .await
     }
 
     /// Proposes the member's own `op` (an expired lease, a checkpoint, an alarm, an automatic
     /// compaction) and waits for its answer.
     pub async fn propose_internal(&self, op: Op) -> Result<Response, Status> {
-        self.propose_data(InternalRequest::encode(op)).await
+        self.propose_request(InternalRequest {
+            op: Some(op),
+            header: None,
+        })
+        .await
     }
 
-    async fn propose_data(&self, data: Vec<u8>) -> Result<Response, Status> {
+    /// Proposes `req` encoded; this member's apply takes `req` itself rather than decode it.
+    async fn propose_request(&self, req: InternalRequest) -> Result<Response, Status> {
+        let data = req.encode_to_vec();
         if data.len() > self.cfg.max_request_bytes {
             return Err(error::request_too_large());
         }
@@ -219,7 +229,7 @@ impl Core {
         if commit.0 > applied.0 + MAX_APPLY_GAP {
             return Err(error::too_many_requests());
         }
-        match self.node.propose(data).await {
+        match self.node.propose_local(data, Box::new(req)).await {
             Ok(applied) => applied,
             Err(e) => Err(error::consensus(&e)),
         }

@@ -385,7 +385,7 @@ impl<O: Send + 'static> Driver<O> {
                 .push_back((deadline(self.cfg.request_timeout), Pending::Proposal(seq))),
             Err(e) => {
                 if let Some(w) = self.shared.waiters.lock().remove(&seq) {
-                    let _ = w.send(Err(e));
+                    let _ = w.answer.send(Err(e));
                 }
             }
         }
@@ -461,7 +461,7 @@ impl<O: Send + 'static> Driver<O> {
             match p {
                 Pending::Proposal(seq) => {
                     if let Some(w) = self.shared.waiters.lock().remove(&seq) {
-                        let _ = w.send(Err(Error::Timeout));
+                        let _ = w.answer.send(Err(Error::Timeout));
                     }
                 }
                 Pending::Change(seq) => {

@@ -34,6 +34,9 @@ pub struct SmState {
     pub apply_delay: Duration,
     /// Count entries only, keep no log (for benchmarks).
     pub light: bool,
+    /// Entries applied with their proposer's [`Committed::local`] (each checked to be the
+    /// entry's bytes); not kept by a restart.
+    pub locals: u64,
 }
 
 impl SmState {
@@ -113,15 +116,26 @@ impl StateMachine for TestSm {
         RaftIndex(self.state.lock().applied)
     }
 
-    fn apply(&mut self, batch: &[Committed<'_>]) -> io::Result<Vec<u64>> {
+    fn apply(&mut self, batch: &mut [Committed<'_>]) -> io::Result<Vec<u64>> {
         let delay = self.state.lock().apply_delay;
         std::thread::sleep(delay);
         let mut st = self.state.lock();
         let mut out = Vec::with_capacity(batch.len());
-        for c in batch {
+        for c in batch.iter_mut() {
             let index = c.index.0;
             assert!(index > st.applied, "applied {index} after {}", st.applied);
             st.applied = index;
+            if let Some(local) = c.local.take() {
+                let local = local
+                    .downcast::<Vec<u8>>()
+                    .expect("the harness hands its data");
+                assert_eq!(
+                    Some(&local[..]),
+                    c.data,
+                    "entry {index}: a local not its bytes"
+                );
+                st.locals += 1;
+            }
             if let Some(d) = c.data.filter(|_| !st.light) {
                 st.log.push((index, d.to_vec()));
             }
@@ -560,9 +574,12 @@ impl Cluster {
         }
     }
 
-    /// Proposes through member `via`; an acknowledged proposal is remembered for the checks.
+    /// Proposes through member `via`, handing its apply the data as the proposal's local
+    /// ([`RaftNode::propose_local`]); an acknowledged proposal is remembered for the checks.
     pub fn propose(&self, via: u64, data: Vec<u8>) -> consensus::Result<u64> {
-        let fut = self.node(via).propose(data.clone());
+        let fut = self
+            .node(via)
+            .propose_local(data.clone(), Box::new(data.clone()));
         let r = self.rt.block_on(fut);
         if let Ok(index) = r {
             self.acked.lock().push((data, index));
@@ -570,7 +587,8 @@ impl Cluster {
         r
     }
 
-    /// Proposes `n` values through `via`, concurrently, retrying each until acknowledged.
+    /// Proposes `n` values through `via`, concurrently (with no local), retrying each until
+    /// acknowledged.
     pub fn propose_many(&self, via: u64, prefix: &str, n: usize) {
         let futs: Vec<_> = (0..n)
             .map(|i| {
