@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::bridge::{ConnShared, Out, StreamIo};
 use crate::frame::{self, Reason};
 use crate::hpack::{Decoder, Encoder};
+use crate::request::Repeated;
 use crate::{Config, Error, Fallback, Unary, UnaryFuture};
 
 mod budget;
@@ -201,6 +202,8 @@ pub(crate) struct Conn<T, S> {
     acks: Vec<u8>,
     written: usize,
     dec: Decoder,
+    /// The header blocks the client repeats, decoded once.
+    repeated: Repeated,
     enc: Encoder,
     peer_max_frame: usize,
     peer_initial_window: i64,
@@ -361,6 +364,7 @@ where
             acks: Vec::new(),
             written: 0,
             dec: Decoder::new(HEADER_TABLE),
+            repeated: Repeated::default(),
             enc: Encoder::new(),
             peer_max_frame: frame::DEFAULT_MAX_FRAME,
             peer_initial_window: frame::DEFAULT_WINDOW,

@@ -11,7 +11,6 @@ use super::{conn_err, Call, Cancel, Conn, ConnError, Kind, Partial, Stream, OUT_
 use crate::bridge::{self, RecvBody, StreamIo};
 use crate::frame::{self, Head, Reason};
 use crate::grpc;
-use crate::request::Fields;
 use crate::Fallback;
 
 /// Empty header fields a block may carry before they count as wasted frames (16 each).
@@ -279,10 +278,10 @@ where
     pub(super) fn on_block(&mut self, p: Partial) -> Result<(), ConnError> {
         let id = p.stream;
         let block = Bytes::from(p.block);
-        let mut fields = Fields::default();
         // Decoded first, whatever becomes of the stream: the table must follow every block.
-        self.dec
-            .decode(&block, |n, v| fields.add(n, v))
+        let fields = self
+            .repeated
+            .decode(&mut self.dec, &block)
             .map_err(|e| ConnError(Reason::COMPRESSION_ERROR, e.to_string()))?;
         if fields.empty() > EMPTY_FIELDS_FREE {
             let n = fields.empty() as f64 / EMPTY_FIELDS_FREE as f64;

@@ -58,8 +58,8 @@ where
             Err(status) => {
                 let fields = grpc::status_fields(&status);
                 self.write_headers(id, true, |enc, out| {
-                    enc.field(out, b":status", b"200", false);
-                    enc.field(out, b"content-type", b"application/grpc", true);
+                    enc.fixed(out, b":status", b"200", false);
+                    enc.fixed(out, b"content-type", b"application/grpc", true);
                     header_map(enc, out, &fields);
                 });
                 if let Some(s) = self.streams.get_mut(&id) {
@@ -69,8 +69,8 @@ where
             }
         };
         self.write_headers(id, false, |enc, out| {
-            enc.field(out, b":status", b"200", false);
-            enc.field(out, b"content-type", b"application/grpc", true);
+            enc.fixed(out, b":status", b"200", false);
+            enc.fixed(out, b"content-type", b"application/grpc", true);
         });
         let total = grpc::PREFIX_LEN + msg.len();
         let s = self.streams.get_mut(&id).expect("checked above");
@@ -96,7 +96,7 @@ where
     /// The trailers of a successful call.
     pub(super) fn write_grpc_ok(&mut self, id: u32) {
         self.write_headers(id, true, |enc, out| {
-            enc.field(out, b"grpc-status", b"0", true);
+            enc.fixed(out, b"grpc-status", b"0", true);
         });
     }
 

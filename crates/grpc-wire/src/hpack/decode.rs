@@ -46,15 +46,18 @@ impl Decoder {
         }
     }
 
-    /// Decodes one whole header block, handing each field to `field` in order.
+    /// Decodes one whole header block, handing each field to `field` in order. True when
+    /// every field was a reference to a table's entry: the block changed nothing, and the same
+    /// bytes decode to the same fields until the dynamic table changes ([`Self::changes`]).
     pub(crate) fn decode(
         &mut self,
         block: &Bytes,
         mut field: impl FnMut(Bytes, Bytes),
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let src = block.as_ref();
         let mut at = 0;
         let mut fields = false;
+        let mut indexed = true;
         while at < src.len() {
             let b = src[at];
             if b & 0x80 != 0 {
@@ -62,7 +65,10 @@ impl Decoder {
                 let (n, v) = self.entry(i)?;
                 field(n, v);
                 fields = true;
-            } else if b & 0xc0 == 0x40 {
+                continue;
+            }
+            indexed = false;
+            if b & 0xc0 == 0x40 {
                 let (n, v) = self.literal(block, &mut at, 6)?;
                 self.table.insert(n.clone(), v.clone());
                 field(n, v);
@@ -80,7 +86,12 @@ impl Decoder {
                 fields = true;
             }
         }
-        Ok(())
+        Ok(indexed)
+    }
+
+    /// How many times the dynamic table has changed (entries added, its size set).
+    pub(crate) fn changes(&self) -> u64 {
+        self.table.changes()
     }
 
     fn entry(&self, i: usize) -> Result<(Bytes, Bytes), Error> {
@@ -229,9 +240,10 @@ mod tests {
             Err(Error::Integer)
         );
         assert_eq!(run(&[0x3f, 0xe2, 0x1f]), Err(Error::SizeUpdate)); // 4097
-        assert_eq!(run(&[0x3f, 0xe1, 0x1f]), Ok(())); // 4096
+        assert_eq!(run(&[0x3f, 0xe1, 0x1f]), Ok(false)); // 4096
         assert_eq!(run(&[0x82, 0x20]), Err(Error::SizeUpdate)); // after a field
-        assert_eq!(run(&[0x20, 0x82]), Ok(()));
+        assert_eq!(run(&[0x20, 0x82]), Ok(false));
+        assert_eq!(run(&[0x82, 0x86]), Ok(true));
     }
 
     proptest::proptest! {

@@ -19,7 +19,24 @@ pub(crate) struct Encoder {
     /// The smallest table size since the last block, when it changed: the next block starts
     /// by announcing it, then the current size if larger (RFC 7541, 4.2).
     low: Option<usize>,
+    /// Fixed fields' encodings that were references to a table ([`Encoder::fixed`]).
+    fixed: Vec<Fixed>,
 }
+
+/// A fixed field (a name and value the program holds, known by their addresses) and its
+/// encoding as a reference to a table, good while the dynamic table has not changed since.
+#[derive(Debug)]
+struct Fixed {
+    name: &'static [u8],
+    value: &'static [u8],
+    /// The table's changes when it was encoded.
+    table: u64,
+    bytes: [u8; 4],
+    len: usize,
+}
+
+/// How many fixed fields' encodings an encoder keeps.
+const FIXED: usize = 8;
 
 /// The largest table this encoder keeps, whatever the peer allows.
 const MAX_TABLE: usize = 4096;
@@ -90,6 +107,47 @@ impl Encoder {
         Encoder {
             table: Dynamic::new(MAX_TABLE),
             low: None,
+            fixed: Vec::new(),
+        }
+    }
+
+    /// [`field`](Self::field) for a field the program holds (a response's `:status: 200`,
+    /// `content-type: application/grpc`): once it is a reference to a table, its bytes are
+    /// kept and appended as they are until the dynamic table changes, without looking for it
+    /// in the tables again.
+    pub(crate) fn fixed(
+        &mut self,
+        out: &mut Vec<u8>,
+        name: &'static [u8],
+        value: &'static [u8],
+        cache: bool,
+    ) {
+        let table = self.table.changes();
+        // The same addresses and lengths: the same bytes (they never change).
+        let same = |f: &&Fixed| std::ptr::eq(f.name, name) && std::ptr::eq(f.value, value);
+        if let Some(f) = self.fixed.iter().find(same).filter(|f| f.table == table) {
+            out.extend_from_slice(&f.bytes[..f.len]);
+            return;
+        }
+        let start = out.len();
+        self.field(out, name, value, cache);
+        let len = out.len() - start;
+        if self.table.changes() != table || len > 4 || out[start] & 0x80 == 0 {
+            return; // added to the table, or a literal
+        }
+        let mut bytes = [0; 4];
+        bytes[..len].copy_from_slice(&out[start..]);
+        let f = Fixed {
+            name,
+            value,
+            table,
+            bytes,
+            len,
+        };
+        match self.fixed.iter().position(|f| same(&f)) {
+            Some(i) => self.fixed[i] = f,
+            None if self.fixed.len() < FIXED => self.fixed.push(f),
+            None => self.fixed[0] = f,
         }
     }
 
@@ -243,5 +301,39 @@ mod tests {
         e.begin(&mut block);
         e.field(&mut block, b"x-long", &long, false);
         assert_eq!(decode(&mut d, block), vec![(b"x-long".to_vec(), long)]);
+    }
+
+    /// A fixed field's kept bytes are what looking it up again would write, block after
+    /// block, across entries added to the table (which move its entries' indexes) and a
+    /// smaller table (which evicts them).
+    #[test]
+    fn fixed_fields_encode_as_looked_up_again() {
+        let (mut looked, mut kept) = (Encoder::new(), Encoder::new());
+        let fixed: [(&'static [u8], &'static [u8], bool); 3] = [
+            (b":status", b"200", false),
+            (b"content-type", b"application/grpc", true),
+            (b"grpc-status", b"0", true),
+        ];
+        for step in 0..8 {
+            if step == 3 || step == 5 {
+                let name = format!("x-step-{step}");
+                for e in [&mut looked, &mut kept] {
+                    e.field(&mut Vec::new(), name.as_bytes(), b"v", true);
+                }
+            }
+            if step == 6 {
+                looked.set_max_size(64);
+                kept.set_max_size(64);
+            }
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            looked.begin(&mut a);
+            kept.begin(&mut b);
+            for (n, v, c) in fixed {
+                looked.field(&mut a, n, v, c);
+                kept.fixed(&mut b, n, v, c);
+            }
+            assert_eq!(a, b, "step {step}");
+        }
+        assert!(!kept.fixed.is_empty(), "the references were kept");
     }
 }

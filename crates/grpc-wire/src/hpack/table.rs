@@ -80,6 +80,8 @@ pub(crate) struct Dynamic {
     entries: VecDeque<(Bytes, Bytes)>,
     size: usize,
     max_size: usize,
+    /// Insertions and size changes so far.
+    changes: u64,
 }
 
 impl Dynamic {
@@ -88,7 +90,14 @@ impl Dynamic {
             entries: VecDeque::new(),
             size: 0,
             max_size,
+            changes: 0,
         }
+    }
+
+    /// How many times entries were added or the size set: references to the table mean
+    /// what they meant while this stays the same.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub(crate) fn max_size(&self) -> usize {
@@ -101,12 +110,14 @@ impl Dynamic {
     }
 
     pub(crate) fn set_max_size(&mut self, max: usize) {
+        self.changes += 1;
         self.max_size = max;
         self.evict(0);
     }
 
     /// Adds an entry; one larger than the whole table empties it (RFC 7541, 4.4).
     pub(crate) fn insert(&mut self, name: Bytes, value: Bytes) {
+        self.changes += 1;
         let size = entry_size(&name, &value);
         self.evict(size);
         if size <= self.max_size {
