@@ -880,7 +880,15 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
         let inline = !msgs
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
-        self.shared.stepped.lock().extend(msgs);
+        {
+            // Handed over as they are when nothing else waits (the turn takes the list).
+            let mut stepped = self.shared.stepped.lock();
+            if stepped.is_empty() {
+                *stepped = msgs;
+            } else {
+                stepped.extend(msgs);
+            }
+        }
         take_turn(&self.driver, &self.shared, inline)
     }
 }

@@ -64,6 +64,28 @@ pub struct GrpcTransport {
 }
 
 impl GrpcTransport {
+    /// Sends `msgs`, in order, to peer `to`.
+    fn send_to(&self, to: MemberId, msgs: Vec<Message>) {
+        let Some(p) = self.peers.get(&to) else {
+            tracing::debug!(%to, "message to an unknown peer dropped");
+            return;
+        };
+        let direct = p.direct.lock().clone();
+        let sent = match direct {
+            Some(d) => d.send(&msgs),
+            // Messages past a full queue are dropped; raft resends.
+            None => msgs.into_iter().all(|m| p.tx.try_send(m).is_ok()),
+        };
+        if !sent {
+            crate::metrics::PEER_SENT_FAILURES
+                .with_label_values(&[&crate::metrics::peer(to)])
+                .inc();
+            if let Some(r) = &self.reporter {
+                r.unreachable(to);
+            }
+        }
+    }
+
     /// A transport for member `id` of `cluster_id`, dialing its peers with `dialer` and
     /// running its tasks on `rt`.
     pub fn new(id: MemberId, cluster_id: ClusterId, dialer: Dialer, rt: Handle) -> Self {
@@ -93,7 +115,14 @@ impl Transport for GrpcTransport {
     }
 
     fn send(&mut self, msgs: Vec<Message>) {
-        // Each peer's messages in order, in one write where its stream is direct.
+        // Each peer's messages in order, in one write where its stream is direct. All for one
+        // peer (a follower's, for its leader) go as they are.
+        let Some(first) = msgs.first().map(|m| m.to) else {
+            return;
+        };
+        if msgs.iter().all(|m| m.to == first) {
+            return self.send_to(MemberId(first), msgs);
+        }
         let mut by_peer: Vec<(MemberId, Vec<Message>)> = Vec::new();
         for m in msgs {
             let to = MemberId(m.to);
@@ -103,24 +132,7 @@ impl Transport for GrpcTransport {
             }
         }
         for (to, msgs) in by_peer {
-            let Some(p) = self.peers.get(&to) else {
-                tracing::debug!(%to, "message to an unknown peer dropped");
-                continue;
-            };
-            let direct = p.direct.lock().clone();
-            let sent = match direct {
-                Some(d) => d.send(&msgs),
-                // Messages past a full queue are dropped; raft resends.
-                None => msgs.into_iter().all(|m| p.tx.try_send(m).is_ok()),
-            };
-            if !sent {
-                crate::metrics::PEER_SENT_FAILURES
-                    .with_label_values(&[&crate::metrics::peer(to)])
-                    .inc();
-                if let Some(r) = &self.reporter {
-                    r.unreachable(to);
-                }
-            }
+            self.send_to(to, msgs);
         }
     }
 
