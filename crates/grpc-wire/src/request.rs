@@ -33,6 +33,11 @@ pub(crate) struct Repeated {
 /// How many blocks [`Repeated`] keeps (a client's methods in turn, each with its headers).
 const REPEATED: usize = 4;
 
+/// The largest header list (as SETTINGS_MAX_HEADER_LIST_SIZE counts it) [`Repeated`] keeps: a
+/// call's headers are a few hundred bytes; a block of a million one-byte references is not
+/// kept past its answer (431, too large).
+const REPEATED_SIZE: usize = 8 << 10;
+
 impl Repeated {
     /// `block`'s fields: decoded by `dec`, or the same block's from before.
     pub(crate) fn decode(
@@ -49,7 +54,7 @@ impl Repeated {
         }
         let mut fields = Fields::default();
         let indexed = dec.decode(block, |n, v| fields.add(n, v))?;
-        if indexed && !block.is_empty() {
+        if indexed && !block.is_empty() && fields.size() <= REPEATED_SIZE {
             let kept = (block.clone(), fields.clone());
             if self.blocks.len() < REPEATED {
                 self.blocks.push(kept);
@@ -371,6 +376,23 @@ mod tests {
         assert_eq!(paths[2], "/etcdserverpb.KV/Range");
         assert_ne!(paths[4], paths[2], "the same bytes mean other fields now");
         assert_eq!(rep.blocks.len(), 1, "the references-only block is kept");
+    }
+
+    /// A references-only block whose header list is larger than any call's is decoded every
+    /// time, not kept: a client cannot make a connection hold its fields.
+    #[test]
+    fn a_large_repeated_block_is_not_kept() {
+        let mut dec = Decoder::new(4096);
+        let mut rep = Repeated::default();
+        let block = Bytes::from(vec![0x82; 1000]); // `:method: GET` a thousand times
+        for _ in 0..2 {
+            let f = rep.decode(&mut dec, &block).unwrap();
+            assert!(f.size() > REPEATED_SIZE);
+        }
+        assert!(rep.blocks.is_empty());
+        let small = Bytes::from(vec![0x82; 10]);
+        rep.decode(&mut dec, &small).unwrap();
+        assert_eq!(rep.blocks.len(), 1);
     }
 
     #[test]
