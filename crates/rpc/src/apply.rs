@@ -280,6 +280,15 @@ mod tests {
         sm.apply(&mut batch).unwrap()
     }
 
+    /// A state machine over a new store (kept in the returned directory), auth off.
+    fn state_machine() -> (tempfile::TempDir, Arc<Backend>, KvStateMachine) {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(Backend::open(dir.path().join("db"), Default::default()).unwrap());
+        let auth = Arc::new(Auth::new(Tokens::None, 4, false));
+        let sm = KvStateMachine::new(backend.clone(), auth);
+        (dir, backend, sm)
+    }
+
     /// The keys under `/` in the store.
     fn keys(backend: &Backend) -> Vec<String> {
         let r = backend
@@ -311,10 +320,7 @@ mod tests {
     /// between (an entry before it in the log) is honoured, on every member alike.
     #[test]
     fn applying_checks_the_caller_against_the_auth_store_of_that_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let backend = Arc::new(Backend::open(dir.path().join("db"), Default::default()).unwrap());
-        let auth = Arc::new(Auth::new(Tokens::None, 4, false));
-        let mut sm = KvStateMachine::new(backend.clone(), auth);
+        let (_dir, backend, mut sm) = state_machine();
         let user = |name: &str| {
             Op::UserAdd(AuthUserAddRequest {
                 name: name.into(),
@@ -406,10 +412,7 @@ mod tests {
     /// was applied); a local of another type leaves the entry's bytes to be decoded.
     #[test]
     fn the_proposers_own_request_is_applied_without_decoding_the_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let backend = Arc::new(Backend::open(dir.path().join("db"), Default::default()).unwrap());
-        let auth = Arc::new(Auth::new(Tokens::None, 4, false));
-        let mut sm = KvStateMachine::new(backend.clone(), auth);
+        let (_dir, backend, mut sm) = state_machine();
         let bytes = [
             InternalRequest::encode(put("/bytes-1")),
             InternalRequest::encode(put("/bytes-2")),
