@@ -1,6 +1,7 @@
 //! The raft log in memory, as raft-rs reads it (its `Storage`): the entries after the last
-//! compaction point, the hard state, and the snapshot offered to followers that are too far
-//! behind. The WAL holds the same on disk; only the raft thread touches this.
+//! compaction point (on a sole voter, after the last applied one), the hard state, and the
+//! snapshot offered to followers that are too far behind. The WAL holds the same on disk; only
+//! the raft thread touches this.
 
 use std::cell::Cell;
 
@@ -16,6 +17,10 @@ pub(crate) struct LogStore {
     offset: u64,
     offset_term: u64,
     entries: Vec<Entry>,
+    /// The terms of entries a sole voter dropped once applied ([`LogStore::trim`]) that no
+    /// snapshot covers yet: (first index, term) of each run of one term, oldest first. The next
+    /// snapshot is recorded at one of them and needs its term.
+    trimmed: Vec<(u64, u64)>,
     /// The snapshot offered to followers (metadata and the member list; the state machine's data
     /// travels beside it), if one is prepared.
     prepared: Option<Snapshot>,
@@ -76,6 +81,7 @@ impl LogStore {
         self.offset = meta.index;
         self.offset_term = meta.term;
         self.entries.clear();
+        self.trimmed.clear();
         self.conf_state = meta.get_conf_state().clone();
         if self.hard_state.commit < meta.index {
             self.hard_state.commit = meta.index;
@@ -87,9 +93,40 @@ impl LogStore {
 
     /// Drops the entries up to `index` (they live in a snapshot now).
     pub(crate) fn compact(&mut self, index: u64) {
-        if index <= self.offset || index > self.last() {
+        if index <= self.offset {
+            // Trimmed past it already: forget the terms the snapshot now covers.
+            let covered = self.trimmed.iter().take_while(|r| r.0 <= index).count();
+            self.trimmed.drain(..covered.saturating_sub(1));
+            if let Some(first) = self.trimmed.first_mut() {
+                first.0 = first.0.max(index);
+            }
             return;
         }
+        if index > self.last() {
+            return;
+        }
+        self.trimmed.clear();
+        self.drop_through(index);
+    }
+
+    /// Drops the entries up to `applied`, keeping their terms for the next snapshot: a sole
+    /// voter's log in memory serves no follower, and held until a snapshot it was most of a
+    /// busy member's heap (up to `snapshot_count` + `snapshot_catchup_entries` entries). A
+    /// member added later catches up by snapshot.
+    pub(crate) fn trim(&mut self, applied: u64) {
+        if applied <= self.offset || applied > self.last() {
+            return;
+        }
+        for e in &self.entries[..(applied - self.offset) as usize] {
+            if self.trimmed.last().is_none_or(|r| r.1 != e.term) {
+                self.trimmed.push((e.index, e.term));
+            }
+        }
+        self.drop_through(applied);
+    }
+
+    /// Drops the held entries up to `index` (`offset < index <= last`).
+    fn drop_through(&mut self, index: u64) {
         let n = (index - self.offset) as usize;
         self.offset_term = self.entries[n - 1].term;
         self.offset = index;
@@ -100,7 +137,12 @@ impl LogStore {
         if idx == self.offset {
             return Some(self.offset_term);
         }
-        if idx < self.offset || idx > self.last() {
+        if idx < self.offset {
+            // A trimmed entry: the run it falls in, if one still covers it.
+            let runs = self.trimmed.iter().take_while(|r| r.0 <= idx).count();
+            return runs.checked_sub(1).map(|i| self.trimmed[i].1);
+        }
+        if idx > self.last() {
             return None;
         }
         Some(self.entries[(idx - self.offset - 1) as usize].term)
@@ -251,6 +293,61 @@ mod tests {
         assert!(s.snapshot(9, 2).is_err());
         assert_eq!(s.take_wanted(), Some(9));
         assert_eq!(s.take_wanted(), None);
+    }
+
+    /// A sole voter's applied entries go, their terms stay for the snapshot recorded at one of
+    /// them, and raft-rs sees them as compacted.
+    #[test]
+    fn trimmed_entries_keep_their_terms_until_a_snapshot_covers_them() {
+        let mut s = LogStore::new(5, 2, ConfState::default(), HardState::default());
+        s.append(
+            (6..=8)
+                .map(|i| e(i, 2))
+                .chain((9..=12).map(|i| e(i, 3)))
+                .collect(),
+        );
+        s.trim(10);
+        assert_eq!((s.first(), s.last()), (11, 12));
+        assert!(
+            s.term(9).is_err(),
+            "raft-rs sees a trimmed entry as compacted"
+        );
+        let terms: Vec<_> = (5..=12).map(|i| s.term_of(i)).collect();
+        let want = [
+            None,
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(3),
+            Some(3),
+            Some(3),
+            Some(3),
+        ];
+        assert_eq!(terms, want);
+        // Trimming again continues the last run; nothing is trimmed past the log's end.
+        s.trim(11);
+        s.trim(20);
+        assert_eq!(
+            (s.first(), s.term_of(11), s.term_of(7)),
+            (12, Some(3), Some(2))
+        );
+        // A snapshot that keeps the log from 8 on: their terms are still asked for.
+        s.compact(8);
+        assert_eq!(
+            (s.term_of(7), s.term_of(8), s.term_of(9)),
+            (None, Some(2), Some(3))
+        );
+        s.compact(10);
+        assert_eq!(
+            (s.term_of(9), s.term_of(10), s.term_of(11)),
+            (None, Some(3), Some(3))
+        );
+        // Compacting past the trimmed point forgets them all.
+        s.compact(12);
+        assert_eq!(
+            (s.first(), s.term_of(11), s.term_of(12)),
+            (13, None, Some(3))
+        );
     }
 
     /// A member added after the prepared snapshot was made is not offered it (raft-rs would

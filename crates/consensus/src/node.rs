@@ -266,6 +266,9 @@ pub struct Status {
     pub members: Members,
     /// The last snapshot taken or installed.
     pub snapshot_index: RaftIndex,
+    /// The first entry the log in memory holds: a follower that needs an earlier one is sent a
+    /// snapshot.
+    pub log_first: RaftIndex,
     pub removed: bool,
     /// Why the node stopped on its own (a WAL write or fsync failed, apply failed): it takes
     /// no more turns; the member must stop.

@@ -27,6 +27,39 @@ fn single_member_commits_reads_and_restarts() {
     assert_eq!(c.states[&1].lock().log.len(), 201);
 }
 
+/// A sole voter's log in memory holds only what is not applied yet, while its snapshots are
+/// still recorded at the entries it let go; a member added later catches up by snapshot.
+#[test]
+fn a_sole_voter_lets_applied_entries_go_and_a_new_member_takes_a_snapshot() {
+    let mut c = Cluster::new(1, |cfg| {
+        fast(cfg);
+        cfg.snapshot_count = 100;
+    });
+    c.leader();
+    c.propose_many(1, "p0", 350);
+    let st = c.node(1).status();
+    // Holding entries until a snapshot less 5,000 of them, it would start at 2.
+    assert!(
+        st.log_first.0 + 5 > st.applied.0,
+        "the log in memory starts at {} with {} applied",
+        st.log_first,
+        st.applied
+    );
+    // Recorded (after the state machine is durable there) at entries already let go.
+    wait_for("a snapshot at 300", 10, || {
+        c.node(1).status().snapshot_index.0 >= 300
+    });
+    c.stop(1);
+    c.restart(1);
+    c.leader();
+    c.change(1, Change::AddLearner(member(2))).unwrap();
+    c.start(2, Start::Join(Vec::new()));
+    c.propose_many(1, "p1", 10);
+    c.converge();
+    assert!(c.states[&2].lock().restores >= 1, "2 restored a snapshot");
+    c.check();
+}
+
 /// A sole voter answers read points without a raft round (see `RaftNode::read_index`): each
 /// must still cover every write acknowledged before it, also right after a restart.
 #[test]

@@ -53,6 +53,12 @@ impl<O: Send + 'static> Driver<O> {
         let to = self.applied.min(log.committed).min(log.persisted);
         if to > log.applied {
             self.raw.advance_apply_to(to);
+            // Alone in the configuration (no voter, learner or joint member but this one), no
+            // follower reads the log: what is applied goes (`LogStore::trim`).
+            let prs = self.raw.raft.prs();
+            if prs.iter().count() == 1 && prs.get(self.cfg.id.0).is_some() {
+                self.raw.mut_store().trim(to);
+            }
         }
     }
 

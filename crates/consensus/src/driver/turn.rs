@@ -679,6 +679,7 @@ impl<O: Send + 'static> Driver<O> {
         st.commit = RaftIndex(r.raft_log.committed);
         st.applied = RaftIndex(self.applied);
         st.snapshot_index = RaftIndex(self.snapshot_index);
+        st.log_first = RaftIndex(r.raft_log.first_index());
         st.removed = self.removed;
         if role == Role::Leader {
             let prs = r.prs();
