@@ -209,9 +209,12 @@ impl<O: Send + 'static> Driver<O> {
         let due = *self.shared.commit_due.lock();
         if !untold {
             // Left armed until it passes: a write that leaves a follower untold again before
-            // then needs no wake-up of the raft thread to arm it (one per write, else).
+            // then needs no wake-up of the raft thread to arm it (one per write, else). Passed
+            // while entries went out, it is armed again here: writes go on, the next commit
+            // will leave one untold, and arming it then would take a wake-up of its own.
             if due.is_some_and(|due| now >= due) {
-                self.set_commit_due(None);
+                let again = mem::take(&mut self.appended_since_due);
+                self.set_commit_due(again.then(|| now + self.cfg.commit_tell_delay));
             }
             return Ok(());
         }
