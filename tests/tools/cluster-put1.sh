@@ -2,7 +2,8 @@
 # One client's sequential puts (etcd's `benchmark put`, 256-byte values) on a fresh
 # three-member cluster of a server build, sent to the leader or to a follower (compare-etcd.sh's
 # put1 spreads them over the three members): puts/s, and the members' CPU (user+sys) and
-# context switches per put, summed over the three and for each member's threads by name.
+# context switches per put, summed over the three and for each member's threads by name, and
+# each member's user and system time per put.
 # For A/B comparisons of two builds, run alternately on a quiet machine. Given the no-op
 # server (target/release/examples/noop-kv), it measures the floor: three no-op members, written
 # through the leader.
@@ -39,12 +40,12 @@ fi
 [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
 port=$leader
 [ "$to" = follower ] && port=$((23790 + (leader - 23790 + 1) % 3))
-# member, thread name, thread id, voluntary and involuntary switches, ticks
+# member, thread name, thread id, voluntary and involuntary switches, user and system ticks
 threads() {
   local i t
   for i in 0 1 2; do
     for t in /proc/"${pids[$i]}"/task/*; do
-      echo "m$i $(tr ' ' _ <"$t/comm") ${t##*/} $(awk '/^voluntary_ctxt/{v=$2} /^nonvoluntary/{n=$2} END{print v, n}' "$t/status") $(awk '{print $14+$15}' "$t/stat")"
+      echo "m$i $(tr ' ' _ <"$t/comm") ${t##*/} $(awk '/^voluntary_ctxt/{v=$2} /^nonvoluntary/{n=$2} END{print v, n}' "$t/status") $(awk '{print $14, $15}' "$t/stat")"
     done
   done
 }
@@ -53,10 +54,13 @@ out=$("$bin/benchmark" --endpoints "127.0.0.1:$port" --conns 1 --clients 1 put -
   --sequential-keys --val-size 256 --total "$n" 2>&1 | tr '\r' '\n')
 threads | sort -k3,3 >"$d/after"
 echo "leader 127.0.0.1:$leader, client to 127.0.0.1:$port: $(printf '%s\n' "$out" | awk '/Requests\/sec:/{print $2}') puts/s"
+# Joined on the thread id: $2-$7 before, $8-$13 after (member, name, switches, user, system).
 join -1 3 -2 3 "$d/before" "$d/after" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '
-  { k = $2 " " $3; cs[k] += ($9 - $4 + $10 - $5) / n; us[k] += ($11 - $6) / hz * 1e6 / n }
+  { k = $2 " " $3; cs[k] += ($10 - $4 + $11 - $5) / n; us[k] += ($12 - $6 + $13 - $7) / hz * 1e6 / n
+    mu[$2] += ($12 - $6) / hz * 1e6 / n; ms[$2] += ($13 - $7) / hz * 1e6 / n }
   END {
     for (k in cs) if (cs[k] >= 0.05 || us[k] >= 1) printf "  %-24s %6.2f switches %7.1f us per put\n", k, cs[k], us[k]
+    for (m in mu) printf "  %-2s user %5.1f us, system %5.1f us per put\n", m, mu[m], ms[m]
     for (k in cs) { tc += cs[k]; tu += us[k] }
     printf "total %.1f context switches, %.0f us of CPU per put\n", tc, tu
   }' | sort
