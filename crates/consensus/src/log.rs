@@ -95,7 +95,7 @@ impl LogStore {
     pub(crate) fn compact(&mut self, index: u64) {
         if index <= self.offset {
             // Trimmed past it already: forget the terms the snapshot now covers.
-            let covered = self.trimmed.iter().take_while(|r| r.0 <= index).count();
+            let covered = self.runs_through(index);
             self.trimmed.drain(..covered.saturating_sub(1));
             if let Some(first) = self.trimmed.first_mut() {
                 first.0 = first.0.max(index);
@@ -125,6 +125,12 @@ impl LogStore {
         self.drop_through(applied);
     }
 
+    /// How many of the trimmed entries' term runs start at or before `index` (the last of them
+    /// holds it).
+    fn runs_through(&self, index: u64) -> usize {
+        self.trimmed.partition_point(|r| r.0 <= index)
+    }
+
     /// Drops the held entries up to `index` (`offset < index <= last`).
     fn drop_through(&mut self, index: u64) {
         let n = (index - self.offset) as usize;
@@ -139,8 +145,10 @@ impl LogStore {
         }
         if idx < self.offset {
             // A trimmed entry: the run it falls in, if one still covers it.
-            let runs = self.trimmed.iter().take_while(|r| r.0 <= idx).count();
-            return runs.checked_sub(1).map(|i| self.trimmed[i].1);
+            return self
+                .runs_through(idx)
+                .checked_sub(1)
+                .map(|i| self.trimmed[i].1);
         }
         if idx > self.last() {
             return None;
