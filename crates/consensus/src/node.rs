@@ -330,9 +330,13 @@ pub(crate) struct Shared<O> {
     /// Linearizable reads waiting for the next turn to join a round (see
     /// [`RaftNode::read_index`]).
     pub(crate) reads_queued: Mutex<Vec<oneshot::Sender<Result<u64>>>>,
-    /// When the raft thread must take a turn to tell followers a commit index (see
+    /// When the raft thread must look whether followers wait to be told a commit index (see
     /// `Driver::tell_commit`), besides its ticks.
     pub(crate) commit_due: Mutex<Option<std::time::Instant>>,
+    /// Entries went out since `commit_due` was set: they carry the commit index. Set in a
+    /// turn; the raft thread, woken by a passed `commit_due`, takes it without a turn (see
+    /// `Driver::run`).
+    pub(crate) appended_since_due: AtomicBool,
     /// Work was queued for a turn by a thread that found the loop in one: whoever holds the
     /// loop takes another turn after letting go (see [`take_turn`]). A turn clears it before
     /// it takes what is queued.
@@ -547,6 +551,7 @@ impl<O: Send + 'static> RaftNode<O> {
             stepped: Mutex::new(Vec::new()),
             reads_queued: Mutex::new(Vec::new()),
             commit_due: Mutex::new(None),
+            appended_since_due: AtomicBool::new(false),
             turn_wanted: AtomicBool::new(false),
         });
         let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;

@@ -180,6 +180,48 @@ fn a_commit_index_rides_with_the_next_entries() {
     c.check();
 }
 
+/// The last commit index of a run of writes reaches the followers though no entry follows to
+/// carry it: `Config::commit_tell_delay` after it was left untold, the leader sends it alone,
+/// long before the next heartbeat would. The writes take longer than that delay, so the
+/// deadline passes (and moves on) while entries go out before it passes with none.
+#[test]
+fn a_last_commit_index_reaches_the_followers_before_the_next_heartbeat() {
+    fn slow_beat(c: &mut Config) {
+        fast(c);
+        // Heartbeats (which carry the commit index too) half a second apart.
+        c.heartbeat = Duration::from_millis(500);
+        c.election_ticks = 4;
+    }
+    let c = Cluster::new(3, slow_beat);
+    let l = c.leader();
+    c.propose(l, b"settle".to_vec()).unwrap();
+    let delay = c.config(l).commit_tell_delay;
+    let mut n = 0;
+    // Whether the followers learned the last commit index with no heartbeat sent meanwhile.
+    let mut told_without_heartbeats = || {
+        // Just after a heartbeat, the next is half a second away.
+        let beats = c.net.heartbeats();
+        wait_for("a heartbeat", 5, || c.net.heartbeats() > beats);
+        let beats = c.net.heartbeats();
+        let started = Instant::now();
+        let (first, mut last) = (n, 0);
+        while n < first + 20 || started.elapsed() < 5 * delay {
+            last = c.propose(l, format!("w{n}").into_bytes()).unwrap();
+            n += 1;
+        }
+        wait_for("the followers to learn the last commit index", 5, || {
+            (c.ids.iter()).all(|&i| c.node(i).status().commit.0 >= last)
+        });
+        c.net.heartbeats() == beats
+    };
+    // On a loaded machine a heartbeat may go out first, and tell them: look again.
+    assert!(
+        (0..3).any(|_| told_without_heartbeats()),
+        "the followers learned the last commit index only from heartbeats"
+    );
+    c.check();
+}
+
 #[test]
 fn leader_loss_elects_a_new_leader_and_the_old_one_catches_up() {
     let mut c = Cluster::new(3, fast);

@@ -62,8 +62,6 @@ pub(crate) struct Driver<O: Send + 'static> {
     pub(super) ended: bool,
     /// The commit index last sent to each peer, in an append or a heartbeat.
     pub(super) told: IdMap<u64, u64>,
-    /// Entries went out since `Shared::commit_due` was set: they carry the commit index.
-    pub(super) appended_since_due: bool,
     /// Members whose proposals were committed, by the last of their entries' index: they wait
     /// to be told that commit index (their clients wait for them to apply).
     pub(super) commit_awaited: IdMap<u64, u64>,
@@ -205,7 +203,6 @@ impl<O: Send + 'static> Driver<O> {
             last_leave: None,
             ended: false,
             told: IdMap::default(),
-            appended_since_due: false,
             commit_awaited: IdMap::default(),
             commit_for_all: false,
             raft_thread: None,

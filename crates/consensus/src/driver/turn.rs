@@ -42,9 +42,9 @@ impl<O: Send + 'static> Driver<O> {
     pub(crate) fn run(slot: &Mutex<Option<Self>>, rx: Receiver<Cmd>) {
         let started = slot.lock().as_mut().map(|d| {
             d.raft_thread = Some(std::thread::current().id());
-            (d.cfg.heartbeat, d.shared.clone())
+            (d.cfg.heartbeat, d.cfg.commit_tell_delay, d.shared.clone())
         });
-        let Some((tick, shared)) = started else {
+        let Some((tick, commit_tell_delay, shared)) = started else {
             return;
         };
         let mut next_tick = Instant::now() + tick;
@@ -66,6 +66,24 @@ impl<O: Send + 'static> Driver<O> {
             let tick_due = now >= next_tick;
             if tick_due {
                 next_tick = (next_tick + tick).max(now);
+            }
+            // Woken by the commit deadline alone: while writes go on, the next entries carry
+            // the commit index and the deadline only moves a period on. That needs no turn:
+            // a turn would wait for the loop, which a proposer's turn holds through its fsync
+            // (and a parked waiter costs the holder a wake-up when it lets go).
+            if first.is_none() && !tick_due && !shared.turn_wanted.load(Ordering::SeqCst) {
+                let mut due = shared.commit_due.lock();
+                match *due {
+                    // Moved on or disarmed by a turn meanwhile.
+                    None => continue,
+                    Some(d) if now < d => continue,
+                    Some(_) if shared.appended_since_due.swap(false, Ordering::Relaxed) => {
+                        *due = Some(now + commit_tell_delay);
+                        continue;
+                    }
+                    // Nothing went out: the turn tells the followers.
+                    Some(_) => {}
+                }
             }
             // Take what is queued, up to a bound (a flood must not hold off ticks and Readies):
             // one Ready, one fsync, serves the whole batch.
@@ -213,20 +231,25 @@ impl<O: Send + 'static> Driver<O> {
             // while entries went out, it is armed again here: writes go on, the next commit
             // will leave one untold, and arming it then would take a wake-up of its own.
             if due.is_some_and(|due| now >= due) {
-                let again = mem::take(&mut self.appended_since_due);
+                let again = self
+                    .shared
+                    .appended_since_due
+                    .swap(false, Ordering::Relaxed);
                 self.set_commit_due(again.then(|| now + self.cfg.commit_tell_delay));
             }
             return Ok(());
         }
+        let appended = || {
+            self.shared
+                .appended_since_due
+                .swap(false, Ordering::Relaxed)
+        };
         match due {
             Some(due) if now < due => {}
-            Some(_) if self.appended_since_due => {
-                // Writes go on: the next entries carry it; look again a period later.
-                self.appended_since_due = false;
-                self.set_commit_due(Some(now + self.cfg.commit_tell_delay));
-            }
+            // Writes go on: the next entries carry it; look again a period later.
+            Some(_) if appended() => self.set_commit_due(Some(now + self.cfg.commit_tell_delay)),
             None => {
-                self.appended_since_due = false;
+                appended();
                 self.set_commit_due(Some(now + self.cfg.commit_tell_delay));
             }
             Some(_) => {
@@ -518,7 +541,9 @@ impl<O: Send + 'static> Driver<O> {
                     let told = self.told.entry(m.to).or_default();
                     *told = (*told).max(m.commit);
                     if !m.entries.is_empty() {
-                        self.appended_since_due = true;
+                        self.shared
+                            .appended_since_due
+                            .store(true, Ordering::Relaxed);
                     } else if m.get_msg_type() == MessageType::MsgAppend
                         && self.matches(m.to, m.index)
                     {

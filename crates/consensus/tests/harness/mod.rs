@@ -180,6 +180,8 @@ pub struct Net {
     cut: Mutex<HashSet<(u64, u64)>>,
     /// Whether heartbeats' answers are dropped (on every link).
     mute_heartbeat_answers: AtomicBool,
+    /// Heartbeats sent, on every link, whether delivered or not.
+    heartbeats: AtomicU64,
     /// Per mille of messages dropped.
     drop_per_mille: AtomicU64,
     delay_ms: AtomicU64,
@@ -239,6 +241,9 @@ impl Net {
     fn send(&self, m: Message) {
         if m.get_msg_type() == MessageType::MsgAppend {
             *self.appends.lock().entry((m.from, m.to)).or_default() += 1;
+        }
+        if m.get_msg_type() == MessageType::MsgHeartbeat {
+            self.heartbeats.fetch_add(1, Ordering::Relaxed);
         }
         if m.get_msg_type() == MessageType::MsgHeartbeat && !m.context.is_empty() {
             let mut seen = self.read_contexts.lock();
@@ -343,6 +348,11 @@ impl Net {
     /// answers gone, the appends a test counts are those its writes caused.
     pub fn mute_heartbeat_answers(&self, mute: bool) {
         self.mute_heartbeat_answers.store(mute, Ordering::Relaxed);
+    }
+
+    /// The heartbeats sent so far, on every link.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats.load(Ordering::Relaxed)
     }
 
     pub fn set_drop(&self, per_mille: u64) {
