@@ -457,6 +457,8 @@ pub(crate) enum Cmd {
     Fatal(Error),
     /// Proposals are queued for a turn ([`Shared::queued`]).
     Kick,
+    /// [`Shared::commit_due`] moved earlier: the raft thread looks again at when to wake.
+    Deadline,
     Stop,
 }
 

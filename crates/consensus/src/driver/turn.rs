@@ -57,20 +57,26 @@ impl<O: Send + 'static> Driver<O> {
                 true => std::time::Duration::ZERO,
                 false => until.saturating_duration_since(Instant::now()),
             };
-            let first = match rx.recv_timeout(wait) {
+            let mut first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break Ok(()),
             };
+            // A deadline moved earlier asks for no turn, only a sleep to the new one (below).
+            while let Some(Cmd::Deadline) = first {
+                first = rx.try_recv().ok();
+            }
             let now = Instant::now();
             let tick_due = now >= next_tick;
             if tick_due {
                 next_tick = (next_tick + tick).max(now);
             }
-            // Woken by the commit deadline alone: while writes go on, the next entries carry
-            // the commit index and the deadline only moves a period on. That needs no turn:
-            // a turn would wait for the loop, which a proposer's turn holds through its fsync
-            // (and a parked waiter costs the holder a wake-up when it lets go).
+            // Woken by the commit deadline alone, or told it moved earlier: the first needs a
+            // turn only if no entries went out since it was set (while writes go on, the next
+            // entries carry the commit index and the deadline only moves a period on), the
+            // second none. A turn would wait for the loop, which a proposer's turn holds
+            // through its fsync (and a parked waiter costs the holder a wake-up when it lets
+            // go).
             if first.is_none() && !tick_due && !shared.turn_wanted.load(Ordering::SeqCst) {
                 let mut due = shared.commit_due.lock();
                 match *due {
@@ -289,7 +295,7 @@ impl<O: Send + 'static> Driver<O> {
         };
         // The raft thread sleeps until its next tick: wake it to sleep until `due` instead.
         if earlier && self.raft_thread != Some(std::thread::current().id()) {
-            let _ = self.shared.tx.send(Cmd::Kick);
+            let _ = self.shared.tx.send(Cmd::Deadline);
         }
     }
 
@@ -377,6 +383,8 @@ impl<O: Send + 'static> Driver<O> {
             Cmd::Stop => return Ok(false),
             // Proposals are queued for a turn: this one takes them.
             Cmd::Kick => {}
+            // Read by the raft thread's loop before it sleeps again.
+            Cmd::Deadline => {}
         }
         Ok(true)
     }
