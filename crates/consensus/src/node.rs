@@ -372,6 +372,19 @@ impl<O> Shared<O> {
         self.applied.load(Ordering::SeqCst)
     }
 
+    /// A passed commit deadline moves `period` on if entries went out since it was set (they
+    /// carried the commit index: writes go on): whether it did. By a turn
+    /// (`Driver::tell_commit`), and by the raft thread the deadline woke, without one.
+    pub(crate) fn move_commit_due_on(&self, now: Instant, period: Duration) -> bool {
+        let mut due = self.commit_due.lock();
+        let moved =
+            due.is_some_and(|d| now >= d) && self.appended_since_due.swap(false, Ordering::Relaxed);
+        if moved {
+            *due = Some(now + period);
+        }
+        moved
+    }
+
     /// The raft thread: whether linearizable reads may skip it (see `sole_leader`).
     pub(crate) fn publish_sole_leader(&self, sole: bool, committed: u64) {
         if sole {

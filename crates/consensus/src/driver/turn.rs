@@ -78,18 +78,13 @@ impl<O: Send + 'static> Driver<O> {
             // through its fsync (and a parked waiter costs the holder a wake-up when it lets
             // go).
             if first.is_none() && !tick_due && !shared.turn_wanted.load(Ordering::SeqCst) {
-                let mut due = shared.commit_due.lock();
-                match *due {
-                    // Moved on or disarmed by a turn meanwhile.
-                    None => continue,
-                    Some(d) if now < d => continue,
-                    Some(_) if shared.appended_since_due.swap(false, Ordering::Relaxed) => {
-                        *due = Some(now + commit_tell_delay);
-                        continue;
-                    }
-                    // Nothing went out: the turn tells the followers.
-                    Some(_) => {}
+                let due = *shared.commit_due.lock();
+                // Not passed (moved on or disarmed by a turn meanwhile), or moved on now.
+                if due.is_none_or(|d| now < d) || shared.move_commit_due_on(now, commit_tell_delay)
+                {
+                    continue;
                 }
+                // Passed with nothing gone out: the turn tells the followers.
             }
             // Take what is queued, up to a bound (a flood must not hold off ticks and Readies):
             // one Ready, one fsync, serves the whole batch.
@@ -231,32 +226,24 @@ impl<O: Send + 'static> Driver<O> {
         let me = self.raw.raft.id;
         let untold = (self.raw.raft.prs().iter()).any(|(id, _)| *id != me && self.untold(*id));
         let due = *self.shared.commit_due.lock();
+        let period = self.cfg.commit_tell_delay;
         if !untold {
             // Left armed until it passes: a write that leaves a follower untold again before
             // then needs no wake-up of the raft thread to arm it (one per write, else). Passed
             // while entries went out, it is armed again here: writes go on, the next commit
             // will leave one untold, and arming it then would take a wake-up of its own.
-            if due.is_some_and(|due| now >= due) {
-                let again = self
-                    .shared
-                    .appended_since_due
-                    .swap(false, Ordering::Relaxed);
-                self.set_commit_due(again.then(|| now + self.cfg.commit_tell_delay));
+            if due.is_some_and(|due| now >= due) && !self.shared.move_commit_due_on(now, period) {
+                self.set_commit_due(None);
             }
             return Ok(());
         }
-        let appended = || {
-            self.shared
-                .appended_since_due
-                .swap(false, Ordering::Relaxed)
-        };
         match due {
             Some(due) if now < due => {}
             // Writes go on: the next entries carry it; look again a period later.
-            Some(_) if appended() => self.set_commit_due(Some(now + self.cfg.commit_tell_delay)),
+            Some(_) if self.shared.move_commit_due_on(now, period) => {}
             None => {
-                appended();
-                self.set_commit_due(Some(now + self.cfg.commit_tell_delay));
+                (self.shared.appended_since_due).store(false, Ordering::Relaxed);
+                self.set_commit_due(Some(now + period));
             }
             Some(_) => {
                 self.raw.raft.bcast_append();
