@@ -244,12 +244,12 @@ impl Net {
         }
         if m.get_msg_type() == MessageType::MsgHeartbeat {
             self.heartbeats.fetch_add(1, Ordering::Relaxed);
-        }
-        if m.get_msg_type() == MessageType::MsgHeartbeat && !m.context.is_empty() {
-            let mut seen = self.read_contexts.lock();
-            seen.entry((m.from, m.to))
-                .or_default()
-                .push(m.context.to_vec());
+            if !m.context.is_empty() {
+                let mut seen = self.read_contexts.lock();
+                seen.entry((m.from, m.to))
+                    .or_default()
+                    .push(m.context.to_vec());
+            }
         }
         if m.get_msg_type() == MessageType::MsgAppendResponse {
             *self.answers.lock().entry((m.from, m.to)).or_default() += 1;
