@@ -9,7 +9,9 @@
 # 100 ms takes what came since). At this rate each put's commit index goes out on its own
 # (`Config::commit_tell_delay` passes before the next put), which a busy leader piggybacks.
 # Prints the total, each thread's share, and leaves the per-thread profiles in OUT (default a
-# temporary directory, removed) for `callgrind_annotate --inclusive=yes FILE`.
+# temporary directory, removed) for `callgrind_annotate --inclusive=yes FILE`. Given the no-op
+# server (target/release/examples/noop-kv; leader or follower), it counts the floor's: three
+# no-op members, as `cluster-put1.sh` starts them.
 # Usage:  [N=puts] [RATE=puts/s] [OUT=dir] cluster-instructions.sh path/to/kvd leader|follower|one
 # Needs: valgrind (apt-get install valgrind), go (etcd-tools.sh builds etcdctl and benchmark).
 set -euo pipefail
@@ -25,38 +27,64 @@ mkdir -p "$out"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
-if [ "$role" = one ]; then
-  cluster=m2=http://127.0.0.1:23802 eps=127.0.0.1:23792
+grind() { # the member under callgrind: its command line
+  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.%p" "$@" \
+    >>"$d/m2.log" 2>&1 &
+  pids[2]=$!
+}
+if [ "$(basename "$exe")" = noop-kv ]; then
+  # The floor: three no-op members (examples/noop-kv.rs, as cluster-put1.sh starts them), the
+  # one under callgrind a follower or the leader.
+  case "$role" in
+    leader | follower) ;;
+    *) echo "a no-op member is a leader or a follower" >&2; exit 2 ;;
+  esac
+  NOOP_PEER_LISTEN=127.0.0.1:23801 "$exe" >>"$d/m1.log" 2>&1 &
+  pids[1]=$!
+  c=127.0.0.1:23790 f=127.0.0.1:23801,127.0.0.1:23802
+  if [ "$role" = follower ]; then
+    NOOP_PEER_LISTEN=127.0.0.1:23802 grind "$exe"
+    sleep 3 # its listener up under callgrind before the leader dials it
+    NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f "$exe" >>"$d/m0.log" 2>&1 &
+    pids[0]=$!
+  else
+    NOOP_PEER_LISTEN=127.0.0.1:23802 "$exe" >>"$d/m0.log" 2>&1 &
+    pids[0]=$!
+    NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f grind "$exe"
+  fi
+  took_write 127.0.0.1:23790 foo || { echo "the no-op cluster took no write" >&2; exit 1; }
+  leader=127.0.0.1:23790
 else
-  start_member 0
-  start_member 1
-fi
-c=http://127.0.0.1:23792 p=http://127.0.0.1:23802
-valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.%p" \
-  "$exe" --name m2 --data-dir "$d/m2" --listen-client-urls "$c" --advertise-client-urls "$c" \
-  --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" --initial-cluster "$cluster" \
-  >>"$d/m2.log" 2>&1 &
-pids[2]=$!
-[ "$role" = one ] && first=127.0.0.1:23792 || first=127.0.0.1:23790,127.0.0.1:23791
-took_write "$first" foo || { echo "the cluster took no write" >&2; exit 1; }
-status() { "$bin/etcdctl" --endpoints "$1" endpoint status -w json; }
-# Wait for member 2 to catch up (it starts slowly under callgrind).
-for _ in $(seq 300); do
-  status 127.0.0.1:23792 >/dev/null 2>&1 && break
-  sleep 0.2
-done
-if [ "$role" = leader ]; then
-  id=$(status 127.0.0.1:23792 | python3 -c '
+  if [ "$role" = one ]; then
+    cluster=m2=http://127.0.0.1:23802 eps=127.0.0.1:23792
+  else
+    start_member 0
+    start_member 1
+  fi
+  c=http://127.0.0.1:23792 p=http://127.0.0.1:23802
+  grind "$exe" --name m2 --data-dir "$d/m2" --listen-client-urls "$c" --advertise-client-urls "$c" \
+    --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" --initial-cluster "$cluster"
+  [ "$role" = one ] && first=127.0.0.1:23792 || first=127.0.0.1:23790,127.0.0.1:23791
+  took_write "$first" foo || { echo "the cluster took no write" >&2; exit 1; }
+  status() { "$bin/etcdctl" --endpoints "$1" endpoint status -w json; }
+  # Wait for member 2 to catch up (it starts slowly under callgrind).
+  for _ in $(seq 300); do
+    status 127.0.0.1:23792 >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  if [ "$role" = leader ]; then
+    id=$(status 127.0.0.1:23792 | python3 -c '
 import json, sys
 print("%x" % json.load(sys.stdin)[0]["Status"]["header"]["member_id"])')
-  "$bin/etcdctl" --endpoints "$eps" move-leader "$id" >/dev/null
-  sleep 5
+    "$bin/etcdctl" --endpoints "$eps" move-leader "$id" >/dev/null
+    sleep 5
+  fi
+  leader=$(leader_endpoint "$eps")
+  case "$role:$leader" in
+    leader:127.0.0.1:23792 | one:127.0.0.1:23792 | follower:127.0.0.1:2379[01]) ;;
+    *) echo "member 2 is not the $role (the leader is $leader)" >&2; exit 1 ;;
+  esac
 fi
-leader=$(leader_endpoint "$eps")
-case "$role:$leader" in
-  leader:127.0.0.1:23792 | one:127.0.0.1:23792 | follower:127.0.0.1:2379[01]) ;;
-  *) echo "member 2 is not the $role (the leader is $leader)" >&2; exit 1 ;;
-esac
 put() {
   "$bin/benchmark" --endpoints "$leader" --conns 1 --clients 1 put --key-size 8 \
     --sequential-keys --val-size 256 --total "$1" --rate "$rate" >/dev/null 2>&1
@@ -68,7 +96,7 @@ put "$n"
 sleep 2
 callgrind_control -d "${pids[2]}" >/dev/null 2>&1
 sleep 2
-echo "member 2 as $role, $n puts at $rate/s through $leader:"
+echo "$(basename "$exe") member under callgrind as $role, $n puts at $rate/s through $leader:"
 for f in "$out"/callgrind.*.1-*; do
   t=$(awk '/^summary:/{print $2; exit}' "$f")
   name=$(grep -m1 -o 'flush_loop' "$f" || true)
