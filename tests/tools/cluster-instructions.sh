@@ -13,6 +13,7 @@
 # server (target/release/examples/noop-kv; leader or follower), it counts the floor's: three
 # no-op members, as `cluster-put1.sh` starts them.
 # Usage:  [N=puts] [RATE=puts/s] [OUT=dir] cluster-instructions.sh path/to/kvd leader|follower|one
+#         (or path/to/noop-kv leader|follower)
 # Needs: valgrind (apt-get install valgrind), go (etcd-tools.sh builds etcdctl and benchmark).
 set -euo pipefail
 exe=$(readlink -f "${1:?usage: cluster-instructions.sh path/to/kvd leader|follower|one}")
