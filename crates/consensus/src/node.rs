@@ -885,6 +885,8 @@ fn kick<O: Send + 'static>(driver: &Mutex<Option<Driver<O>>>, shared: &Shared<O>
 /// Takes a turn of the Ready loop for messages from peers (see [`Inbox::step_all`]).
 trait TakeTurn: Send + Sync {
     fn deliver(&self, msgs: Vec<Message>) -> Result<()>;
+    /// The node's loop has ended (a loop busy in a turn has not).
+    fn stopped(&self) -> bool;
 }
 
 struct PeerTurn<O: Send + 'static> {
@@ -914,6 +916,10 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
         }
         take_turn(&self.driver, &self.shared, inline)
     }
+
+    fn stopped(&self) -> bool {
+        self.driver.try_lock().is_some_and(|d| d.is_none())
+    }
 }
 
 /// Delivers messages from peers to a node (cheap to clone; outlives the node harmlessly).
@@ -934,6 +940,12 @@ impl Inbox {
     /// Whether `id` was removed from the cluster (its messages are refused).
     pub fn is_removed(&self, id: MemberId) -> bool {
         self.removed.lock().contains(&id)
+    }
+
+    /// Whether the node has stopped: what a receiver that outlives it looks at between
+    /// messages.
+    pub fn is_stopped(&self) -> bool {
+        self.turn.stopped()
     }
 
     /// A message from a peer.

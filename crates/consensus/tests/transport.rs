@@ -125,11 +125,12 @@ impl Net {
                         return;
                     };
                     let is_framed = first.first() == consensus::grpc::MAGIC.first();
-                    let sock = grpc_wire::Rewind::new(first, sock);
                     if is_framed && !grpc_only {
                         framed.fetch_add(1, Ordering::Relaxed);
-                        raft.serve_framed(sock).await;
+                        let sock = consensus::dial::PeerStream::Plain(sock);
+                        raft.serve_framed(first, sock).await;
                     } else {
+                        let sock = grpc_wire::Rewind::new(first, sock);
                         let _ = conns.send(Ok::<_, std::io::Error>(sock)).await;
                     }
                 });
@@ -180,6 +181,75 @@ fn a_cluster_replicates_over_grpc_where_peers_serve_only_grpc() {
 #[test]
 fn a_snapshot_reaches_a_member_through_its_second_url_when_the_first_is_down() {
     member_3_catches_up_by_snapshot(Net::new(&[1, 2, 3]).dead_url_first(3));
+}
+
+/// The names of this process's threads that read a framed stream from member `from` on
+/// member `to` (`recv-{from}-{to}`, ids in hex, as the receiver names them).
+fn readers(from: u64, to: u64) -> usize {
+    let name = format!("recv-{from:x}-{to:x}");
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// A stream from the leader is read by a thread on each follower, and a stream from a
+/// follower by a task on the leader; when the leadership moves, each stream changes hands
+/// with its sender's role, and the writes through the new leader reach every member. (Ids
+/// of their own: the other tests in this process name their threads by theirs.)
+#[test]
+fn a_stream_is_read_by_a_thread_while_its_sender_leads() {
+    let mut net = Net::new(&[0x51, 0x52, 0x53]);
+    let ms: BTreeMap<u64, Running> = [0x51, 0x52, 0x53]
+        .into_iter()
+        .map(|id| (id, net.start(id, 7, tune)))
+        .collect();
+    let leader = || {
+        ms.iter()
+            .find(|(_, m)| m.node.status().role == Role::Leader)
+            .map(|(id, _)| *id)
+    };
+    wait_for("a leader", 20, || leader().is_some());
+    let mut want = 0;
+    let mut write = |l: u64, round: u32| {
+        for i in 0..20 {
+            let f = ms[&l].node.propose(format!("{round}-{i}").into_bytes());
+            net.rt.block_on(f).unwrap();
+        }
+        want = ms[&l].node.status().commit.0;
+        for m in ms.values() {
+            wait_for("every member to apply the writes", 20, || {
+                m.state.lock().applied >= want
+            });
+        }
+    };
+    let (mut l, mut round) = (leader().unwrap(), 0);
+    for _ in 0..2 {
+        write(l, round);
+        round += 1;
+        let followers: Vec<u64> = ms.keys().copied().filter(|&id| id != l).collect();
+        wait_for(
+            "the leader's streams read by threads, the followers' by tasks",
+            10,
+            || {
+                followers
+                    .iter()
+                    .all(|&f| readers(l, f) == 1 && readers(f, l) == 0)
+            },
+        );
+        // The leadership moves to a follower: its old leader's stream (now answers) goes
+        // back to a task, and the new leader's streams to threads.
+        let next = followers[0];
+        ms[&l].node.transfer_leader(MemberId(next)).unwrap();
+        wait_for("the new leader", 20, || leader() == Some(next));
+        (l, round) = (next, round + 1);
+    }
+    write(l, round);
+    let logs: Vec<_> = ms.values().map(|m| m.state.lock().log.clone()).collect();
+    assert_eq!(logs[0], logs[1]);
+    assert_eq!(logs[0], logs[2]);
+    assert_eq!(logs[0].len(), 60);
 }
 
 /// Members 1 and 2 commit 600 entries while 3 is down, compacting their logs past it; 3 then

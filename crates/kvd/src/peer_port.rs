@@ -64,12 +64,10 @@ pub fn spawn(
                 let Ok(Ok((_, first))) = first.await else {
                     return;
                 };
-                let framed = first.first() == consensus::grpc::MAGIC.first();
-                let s = Rewind::new(first, s);
-                if framed {
-                    raft.serve_framed(s).await;
+                if first.first() == consensus::grpc::MAGIC.first() {
+                    raft.serve_framed(first, s).await;
                 } else {
-                    let _ = tx.send(Ok(s)).await;
+                    let _ = tx.send(Ok(Rewind::new(first, s))).await;
                 }
             });
         }

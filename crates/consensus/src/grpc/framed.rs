@@ -29,17 +29,16 @@ use raft::eraftpb::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::service::PeerService;
 use super::ticker::Ticker;
-use super::wire::{check_hello, removed, Ident, MAX_MESSAGE, OPEN_TIMEOUT, REMOVED};
+use super::wire::{check_hello, Ident, MAX_MESSAGE, OPEN_TIMEOUT};
 use crate::dial::{Dialer, PeerStream};
-use ids::{ClusterId, MemberId};
+use ids::MemberId;
 
 /// What both sides write first. It starts with a NUL byte, which begins neither HTTP/2's
 /// preface nor any HTTP/1 request: a peer port tells this stream from gRPC by its first byte.
 pub const MAGIC: &[u8; 8] = b"\0kvdraft";
 /// A receiver's answer and records.
-const OK: u8 = 1;
+pub(super) const OK: u8 = 1;
 pub(super) const REFUSED: u8 = 2;
 pub(super) const KEEPALIVE_RECORD: u8 = 0;
 /// Write a keep-alive after this long without writing.
@@ -201,7 +200,11 @@ pub(super) fn encode(m: &Message, buf: &mut Vec<u8>) -> Result<(), String> {
 
 /// Writes `bytes` (and flushes: TLS holds what it is given until then), within [`DEAD`]: a
 /// peer that stops reading must not hold the link forever.
-async fn write<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], url: &str) -> Result<(), String> {
+pub(super) async fn write<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    url: &str,
+) -> Result<(), String> {
     let go = async {
         w.write_all(bytes).await?;
         w.flush().await
@@ -220,7 +223,7 @@ async fn read_reason<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<String>
     Ok(String::from_utf8_lossy(&why).into_owned())
 }
 
-fn refusal(why: &str) -> Vec<u8> {
+pub(super) fn refusal(why: &str) -> Vec<u8> {
     let why = &why.as_bytes()[..why.len().min(MAX_REASON)];
     let mut b = vec![REFUSED];
     b.extend_from_slice(&(why.len() as u32).to_le_bytes());
@@ -270,103 +273,11 @@ fn varint(b: &[u8]) -> Option<(u64, usize)> {
     (b.len() >= 10).then_some((u64::MAX, 10))
 }
 
-impl PeerService {
-    /// Serves one connection that opened with [`MAGIC`] (the bytes read to tell it from gRPC
-    /// put back in front of it): checks who sent it, then steps the raft messages it carries
-    /// into the node until it ends.
-    pub async fn serve_framed<T>(self, io: T)
-    where
-        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
-        let (mut r, mut w) = tokio::io::split(io);
-        let mut head = [0u8; MAGIC.len() + 24];
-        let ok = tokio::time::timeout(OPEN_TIMEOUT, r.read_exact(&mut head)).await;
-        if !matches!(ok, Ok(Ok(_))) || &head[..MAGIC.len()] != MAGIC {
-            tracing::debug!("a peer connection that is neither gRPC nor a raft stream: closed");
-            return;
-        }
-        let id = |i: usize| {
-            let at = MAGIC.len() + 8 * i;
-            u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default())
-        };
-        let (cluster, from, to) = (ClusterId(id(0)), MemberId(id(1)), MemberId(id(2)));
-        let mut answer = MAGIC.to_vec();
-        let from = match self.admit_ids(cluster, from, to) {
-            Ok(from) => {
-                answer.push(OK);
-                answer.extend_from_slice(&self.cluster_id.0.to_le_bytes());
-                answer.extend_from_slice(&self.id.0.to_le_bytes());
-                from
-            }
-            Err(s) => {
-                answer.extend_from_slice(&refusal(s.message()));
-                let _ = write(&mut w, &answer, "a peer").await;
-                return;
-            }
-        };
-        if write(&mut w, &answer, "a peer").await.is_err() {
-            return;
-        }
-        let received =
-            crate::metrics::PEER_RECEIVED_BYTES.with_label_values(&[&crate::metrics::peer(from)]);
-        let mut buf = Vec::with_capacity(64 << 10);
-        let mut last_read = Instant::now();
-        let mut last_write = Instant::now();
-        let mut tick = Ticker::new(KEEPALIVE);
-        let why = loop {
-            tokio::select! {
-                n = r.read_buf(&mut buf) => {
-                    match n {
-                        Ok(0) => return,
-                        Ok(n) => received.inc_by(n as u64),
-                        Err(e) => {
-                            tracing::debug!(peer = %from, "peer stream ended: {e}");
-                            return;
-                        }
-                    }
-                    last_read = Instant::now();
-                    if self.inbox.is_removed(from) {
-                        break removed(from, self.cluster_id).message().to_string();
-                    }
-                    let mut msgs = Vec::new();
-                    let bad = decode(&mut buf, &mut msgs).err();
-                    msgs.retain(|m| self.steppable(m));
-                    // One turn of the Ready loop for what arrived, on this task's thread when
-                    // free (as the gRPC stream's).
-                    if !msgs.is_empty() && self.inbox.step_all(msgs).is_err() {
-                        return;
-                    }
-                    if let Some(e) = bad {
-                        break e;
-                    }
-                    if buf.capacity() - buf.len() < 4096 {
-                        buf.reserve(64 << 10);
-                    }
-                }
-                _ = tick.tick() => {
-                    if last_read.elapsed() >= DEAD {
-                        tracing::debug!(peer = %from, "nothing heard for {DEAD:?}: stream closed");
-                        return;
-                    }
-                    if last_write.elapsed() >= KEEPALIVE {
-                        if write(&mut w, &[KEEPALIVE_RECORD], "a peer").await.is_err() {
-                            return;
-                        }
-                        last_write = Instant::now();
-                    }
-                }
-            }
-        };
-        if !why.contains(REMOVED) {
-            tracing::warn!(peer = %from, "peer stream refused: {why}");
-        }
-        let _ = write(&mut w, &refusal(&why), "a peer").await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::wire::REMOVED;
     use super::*;
+    use ids::ClusterId;
     use raft::eraftpb::MessageType;
     use tokio::net::TcpListener;
 

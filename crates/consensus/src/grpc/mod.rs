@@ -14,16 +14,19 @@
 //! FAILED_PRECONDITION naming both clusters, and the sender records and logs that refusal, so
 //! both sides say what is wrong.
 //!
-//! Its parts: `framed` (the framed stream, both sides), `direct` (a framed stream over plain
-//! TCP, written by the sending thread), `wire` (what both sides share: request
-//! metadata, identity checks, limits), `service` (receiving), `sender` (the
-//! [`Transport`](crate::transport::Transport) with one stream per peer), `probe` (round-trip
-//! times), `snapshot` (sending one), `join` (asking a peer for the cluster).
+//! Its parts: `framed` (the framed stream's frames and its sending side), `direct` (a framed
+//! stream over plain TCP, written by the sending thread), `receive` (its receiving side: read
+//! by a thread of its own while its sender leads, by a task while it follows), `wire` (what
+//! both sides share: request metadata, identity checks, limits), `service` (the gRPC calls
+//! received), `sender` (the [`Transport`](crate::transport::Transport) with one stream per
+//! peer), `probe` (round-trip times), `snapshot` (sending one), `join` (asking a peer for the
+//! cluster).
 
 mod direct;
 mod framed;
 mod join;
 mod probe;
+mod receive;
 mod sender;
 mod service;
 mod snapshot;
