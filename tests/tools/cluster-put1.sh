@@ -40,27 +40,36 @@ fi
 [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
 port=$leader
 [ "$to" = follower ] && port=$((23790 + (leader - 23790 + 1) % 3))
-# member, thread name, thread id, voluntary and involuntary switches, user and system ticks
+# member, thread name, thread id, voluntary and involuntary switches, user and system ticks;
+# then each member's ticks as its process counts them (with threads that ended meanwhile)
 threads() {
   local i t
   for i in 0 1 2; do
     for t in /proc/"${pids[$i]}"/task/*; do
       echo "m$i $(tr ' ' _ <"$t/comm") ${t##*/} $(awk '/^voluntary_ctxt/{v=$2} /^nonvoluntary/{n=$2} END{print v, n}' "$t/status") $(awk '{print $14, $15}' "$t/stat")"
     done
+    echo "m$i process - 0 0 $(awk '{print $14, $15}' /proc/"${pids[$i]}"/stat)"
   done
 }
-threads | sort -k3,3 >"$d/before"
+threads >"$d/before"
 out=$("$bin/benchmark" --endpoints "127.0.0.1:$port" --conns 1 --clients 1 put --key-size 8 \
   --sequential-keys --val-size 256 --total "$n" 2>&1 | tr '\r' '\n')
-threads | sort -k3,3 >"$d/after"
+threads >"$d/after"
 echo "leader 127.0.0.1:$leader, client to 127.0.0.1:$port: $(printf '%s\n' "$out" | awk '/Requests\/sec:/{print $2}') puts/s"
-# Joined on the thread id: $2-$7 before, $8-$13 after (member, name, switches, user, system).
-join -1 3 -2 3 "$d/before" "$d/after" | awk -v n="$n" -v hz="$(getconf CLK_TCK)" '
-  { k = $2 " " $3; cs[k] += ($10 - $4 + $11 - $5) / n; us[k] += ($12 - $6 + $13 - $7) / hz * 1e6 / n
-    mu[$2] += ($12 - $6) / hz * 1e6 / n; ms[$2] += ($13 - $7) / hz * 1e6 / n }
+# Each thread's share: what it did since before, all of it if it started meanwhile (a peer
+# stream's reading thread may); the members' user and system time from their processes.
+awk -v n="$n" -v hz="$(getconf CLK_TCK)" '
+  NR == FNR { b[$1 " " $3] = $4 " " $5 " " $6 " " $7; next }
+  {
+    split(($1 " " $3) in b ? b[$1 " " $3] : "0 0 0 0", o, " ")
+    if ($2 == "process") {
+      mu[$1] = ($6 - o[3]) / hz * 1e6 / n; ms[$1] = ($7 - o[4]) / hz * 1e6 / n; next
+    }
+    k = $1 " " $2; cs[k] += ($4 - o[1] + $5 - o[2]) / n; us[k] += ($6 - o[3] + $7 - o[4]) / hz * 1e6 / n
+  }
   END {
     for (k in cs) if (cs[k] >= 0.05 || us[k] >= 1) printf "  %-24s %6.2f switches %7.1f us per put\n", k, cs[k], us[k]
-    for (m in mu) printf "  %-2s user %5.1f us, system %5.1f us per put\n", m, mu[m], ms[m]
-    for (k in cs) { tc += cs[k]; tu += us[k] }
+    for (m in mu) { printf "  %-2s user %5.1f us, system %5.1f us per put\n", m, mu[m], ms[m]; tu += mu[m] + ms[m] }
+    for (k in cs) tc += cs[k]
     printf "total %.1f context switches, %.0f us of CPU per put\n", tc, tu
-  }' | sort
+  }' "$d/before" "$d/after" | sort

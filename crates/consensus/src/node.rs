@@ -341,6 +341,29 @@ pub(crate) struct Shared<O> {
     /// loop takes another turn after letting go (see [`take_turn`]). A turn clears it before
     /// it takes what is queued.
     pub(crate) turn_wanted: AtomicBool,
+    /// When a request of this member's own (a proposal, a linearizable read) last went to the
+    /// Ready loop: milliseconds after `started`, plus one (0: never). See
+    /// [`Inbox::asked_lately`].
+    asked_at: AtomicU64,
+    started: Instant,
+}
+
+/// How long a member's own request counts as recent for [`Inbox::asked_lately`].
+const ASKED_LATELY: Duration = Duration::from_secs(1);
+
+impl<O> Shared<O> {
+    fn millis(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn note_asked(&self) {
+        self.asked_at.store(self.millis(), Ordering::Relaxed);
+    }
+
+    fn asked_lately(&self) -> bool {
+        let at = self.asked_at.load(Ordering::Relaxed);
+        at != 0 && self.millis().saturating_sub(at) < ASKED_LATELY.as_millis() as u64
+    }
 }
 
 impl<O> std::fmt::Debug for Shared<O> {
@@ -568,6 +591,8 @@ impl<O: Send + 'static> RaftNode<O> {
             commit_due: Mutex::new(None),
             appended_since_due: AtomicBool::new(false),
             turn_wanted: AtomicBool::new(false),
+            asked_at: AtomicU64::new(0),
+            started: Instant::now(),
         });
         let driver = Driver::open(cfg, start, sm, transport, shared.clone())?;
         let driver = Arc::new(Mutex::new(Some(driver)));
@@ -633,6 +658,7 @@ impl<O: Send + 'static> RaftNode<O> {
         local: Option<Local>,
     ) -> impl Future<Output = Result<O>> + Send + 'static {
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.shared.note_asked();
         let (answer, rx) = oneshot::channel();
         let alone = {
             let mut waiters = self.shared.waiters.lock();
@@ -678,6 +704,7 @@ impl<O: Send + 'static> RaftNode<O> {
         // that asks for it (on this thread when the loop is free, as for a sole leader's
         // proposals: the round's messages leave with no hand-off to the raft thread).
         let point = self.shared.sole_read_point().ok_or_else(|| {
+            self.shared.note_asked();
             let (tx, rx) = oneshot::channel();
             self.shared.reads_queued.lock().push(tx);
             (self.queued_turn(), rx)
@@ -887,6 +914,8 @@ trait TakeTurn: Send + Sync {
     fn deliver(&self, msgs: Vec<Message>) -> Result<()>;
     /// The node's loop has ended (a loop busy in a turn has not).
     fn stopped(&self) -> bool;
+    /// See [`Inbox::asked_lately`].
+    fn asked_lately(&self) -> bool;
 }
 
 struct PeerTurn<O: Send + 'static> {
@@ -920,6 +949,10 @@ impl<O: Send + 'static> TakeTurn for PeerTurn<O> {
     fn stopped(&self) -> bool {
         self.driver.try_lock().is_some_and(|d| d.is_none())
     }
+
+    fn asked_lately(&self) -> bool {
+        self.shared.asked_lately()
+    }
 }
 
 /// Delivers messages from peers to a node (cheap to clone; outlives the node harmlessly).
@@ -946,6 +979,14 @@ impl Inbox {
     /// messages.
     pub fn is_stopped(&self) -> bool {
         self.turn.stopped()
+    }
+
+    /// Whether a request of this member's own (a proposal, a linearizable read; on a
+    /// follower, one it forwards) went to the Ready loop in the last second: its answer is
+    /// then made in a turn for the leader's messages, and wakes the task that waits for it
+    /// unless that turn is taken on a tokio worker (see `grpc::receive`).
+    pub fn asked_lately(&self) -> bool {
+        self.turn.asked_lately()
     }
 
     /// A message from a peer.

@@ -194,10 +194,11 @@ fn readers(from: u64, to: u64) -> usize {
         .count()
 }
 
-/// A stream from the leader is read by a thread on each follower, and a stream from a
-/// follower by a task on the leader; when the leadership moves, each stream changes hands
-/// with its sender's role, and the writes through the new leader reach every member. (Ids
-/// of their own: the other tests in this process name their threads by theirs.)
+/// A stream from the leader is read by a thread on each follower (but for a second after the
+/// follower forwards a write), and a stream from a follower by a task on the leader; when the
+/// leadership moves, each stream changes hands with its sender's role, and the writes through
+/// the new leader reach every member. (Ids of their own: the other tests in this process name
+/// their threads by theirs.)
 #[test]
 fn a_stream_is_read_by_a_thread_while_its_sender_leads() {
     let mut net = Net::new(&[0x51, 0x52, 0x53]);
@@ -238,6 +239,19 @@ fn a_stream_is_read_by_a_thread_while_its_sender_leads() {
                     .all(|&f| readers(l, f) == 1 && readers(f, l) == 0)
             },
         );
+        // A follower that forwards a write reads its leader's stream on a task for the
+        // second after (the answer is made in a turn for the leader's messages), then on a
+        // thread again.
+        let f = followers[1];
+        net.rt
+            .block_on(ms[&f].node.propose(format!("{round}-f").into_bytes()))
+            .unwrap();
+        wait_for("a forwarding follower's stream read by a task", 10, || {
+            readers(l, f) == 0
+        });
+        wait_for("its stream read by a thread again", 10, || {
+            readers(l, f) == 1
+        });
         // The leadership moves to a follower: its old leader's stream (now answers) goes
         // back to a task, and the new leader's streams to threads.
         let next = followers[0];
@@ -249,7 +263,7 @@ fn a_stream_is_read_by_a_thread_while_its_sender_leads() {
     let logs: Vec<_> = ms.values().map(|m| m.state.lock().log.clone()).collect();
     assert_eq!(logs[0], logs[1]);
     assert_eq!(logs[0], logs[2]);
-    assert_eq!(logs[0].len(), 60);
+    assert_eq!(logs[0].len(), 62);
 }
 
 /// Members 1 and 2 commit 600 entries while 3 is down, compacting their logs past it; 3 then

@@ -1,16 +1,17 @@
 //! The receiving end of a framed stream (the conversation is `super::framed`'s): the opening's
 //! checks, then each frame read stepped into the node, and the keep-alives.
 //!
-//! Over plain TCP a stream moves between two readers with the role of the peer that sends it.
-//! From the leader (appends, heartbeats) it is read by a thread of its own, blocked on the
-//! socket, which takes the Ready loop's turn for what it reads (a follower's WAL write, fsync
-//! and answer): no task woken for each frame, no `select!` with its timer, no worker parked
-//! and unparked — a quarter of a follower's instructions per write (docs/measurements.md,
-//! "A stream from the leader read by a thread"). From a follower (the leader's append
-//! answers) it is read by a task: the answers arrive while the leader's worker is in its own
-//! fsync, and the worker finds them ready when it comes back, without a wake-up; a thread
-//! would be woken for each, which cost a leader more than its followers saved. Over TLS a
-//! task reads the stream.
+//! Over plain TCP a stream moves between two readers. From the leader (appends, heartbeats)
+//! to a follower no client uses, it is read by a thread of its own, blocked on the socket,
+//! which takes the Ready loop's turn for what it reads (the WAL write, the fsync, the answer):
+//! no task woken for each frame, no `select!` with its timer, no worker parked and unparked —
+//! a quarter of a follower's instructions per write (docs/measurements.md, "A stream from the
+//! leader read by a thread"). Otherwise a task reads it. From a follower (a leader's append
+//! answers): those arrive while the leader's worker is in its own fsync, and the worker finds
+//! them ready when it comes back, without a wake-up; a thread would be woken for each. To a
+//! follower that forwards its clients' writes or asks for read points (in the last second):
+//! the turn that answers them would wake their tasks from the thread, where a worker taking
+//! it polls them itself. Over TLS a task reads the stream.
 
 use std::io::{ErrorKind, Read, Write};
 use std::time::Instant;
@@ -169,6 +170,13 @@ impl Receiving {
         Next::Go
     }
 
+    /// Whether a thread of its own is to read the stream (over plain TCP): while its sender
+    /// leads, and no request of this member's own waits on what it sends (see the module's
+    /// notes).
+    fn threaded(&self) -> bool {
+        self.leads && !self.svc.inbox.asked_lately()
+    }
+
     fn due(&self, now: Instant) -> Due {
         if now.saturating_duration_since(self.last_read) >= DEAD {
             tracing::debug!(peer = %self.from, "nothing heard for {DEAD:?}: stream closed");
@@ -188,8 +196,8 @@ impl Receiving {
         refusal(why)
     }
 
-    /// Reads the stream on this task until it ends, or, with `hand_off`, until its peer
-    /// leads: then the stream is given back, for a thread to read.
+    /// Reads the stream on this task until it ends, or, with `hand_off`, until a thread is
+    /// to read it ([`Self::threaded`]): then the stream is given back.
     async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         mut self,
         mut io: S,
@@ -207,7 +215,7 @@ impl Receiving {
                         }
                     };
                     match self.read(n) {
-                        Next::Go if hand_off && self.leads => return Some((self, io)),
+                        Next::Go if hand_off && self.threaded() => return Some((self, io)),
                         Next::Go => {}
                         Next::End => return None,
                         Next::Refuse(why) => break why,
@@ -229,8 +237,8 @@ impl Receiving {
         None
     }
 
-    /// Reads a stream over plain TCP: on this task while its peer follows, on a thread of its
-    /// own while it leads (see the module's notes).
+    /// Reads a stream over plain TCP: on a thread of its own while [`Self::threaded`], else
+    /// on this task.
     async fn run_plain(self, sock: TcpStream) {
         let Some((rcv, sock)) = self.run(sock, true).await else {
             return;
@@ -249,8 +257,8 @@ impl Receiving {
         }
     }
 
-    /// Reads the stream on this thread, blocked on the socket, until it ends or its peer
-    /// no longer leads: then a task on `rt` reads it again.
+    /// Reads the stream on this thread, blocked on the socket, until it ends or a thread is
+    /// no longer to read it: then a task on `rt` reads it again.
     fn run_blocking(mut self, mut sock: std::net::TcpStream, rt: Handle) {
         // The turns taken here may start tasks, as on a worker.
         let _rt = rt.enter();
@@ -270,7 +278,7 @@ impl Receiving {
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
                     match self.read(n) {
-                        Next::Go if self.leads => {}
+                        Next::Go if self.threaded() => {}
                         Next::Go => return self.hand_back(sock, &rt),
                         Next::End => return,
                         Next::Refuse(why) => break why,
@@ -303,7 +311,7 @@ impl Receiving {
         let _ = sock.write_all(&self.refusal(&why));
     }
 
-    /// Gives the stream back to a task on `rt` (its peer follows now). Called in `rt`'s
+    /// Gives the stream back to a task on `rt`. Called in `rt`'s
     /// context (`run_blocking` entered it), which registering the socket needs.
     fn hand_back(self, sock: std::net::TcpStream, rt: &Handle) {
         match sock
