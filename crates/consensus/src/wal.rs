@@ -614,6 +614,11 @@ impl Wal {
         self.segments.iter().map(|s| s.path.clone()).collect()
     }
 
+    /// The hard state last written.
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
     /// The index of the last entry written (or of the snapshot).
     pub fn last_index(&self) -> RaftIndex {
         RaftIndex(self.last_index)

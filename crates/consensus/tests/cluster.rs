@@ -4,8 +4,11 @@
 
 mod harness;
 
+use std::fs;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use consensus::wal::Wal;
 use consensus::{Change, Config, Error, MemberId, Role, Start};
 use harness::{fast, member, wait_for, Cluster};
 
@@ -220,6 +223,41 @@ fn a_last_commit_index_reaches_the_followers_before_the_next_heartbeat() {
         (0..3).any(|_| told_without_heartbeats()),
         "the followers learned the last commit index only from heartbeats"
     );
+    c.check();
+}
+
+/// A leader writes a new commit index with the next entries, not on its own each time it
+/// moves; when no entries follow, the index still reaches its WAL by the next tick (read from
+/// a copy of the files taken while it runs: what a SIGKILL would leave), and at a stop.
+#[test]
+fn a_last_commit_index_reaches_the_wal_by_the_next_tick_and_at_stop() {
+    let mut c = Cluster::new(3, fast);
+    let l = c.leader();
+    let opts = c.config(l).wal;
+    let wal = c.member_dir(l).join("wal");
+    let saved = |dir: &Path| Wal::open(dir, opts).unwrap().1.hard_state.commit;
+    let copied = || {
+        let copy = tempfile::tempdir().unwrap();
+        for f in fs::read_dir(&wal).unwrap() {
+            let f = f.unwrap();
+            fs::copy(f.path(), copy.path().join(f.file_name())).unwrap();
+        }
+        saved(copy.path())
+    };
+    let mut last = 0;
+    for i in 0..20 {
+        last = c.propose(l, format!("c{i}").into_bytes()).unwrap();
+    }
+    wait_for("the last commit index in the leader's WAL", 5, || {
+        copied() >= last
+    });
+    let last = c.propose(l, b"last".to_vec()).unwrap();
+    c.stop(l);
+    assert!(
+        saved(&wal) >= last,
+        "the commit index at stop is not in the WAL"
+    );
+    c.restart(l);
     c.check();
 }
 

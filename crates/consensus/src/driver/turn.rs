@@ -109,6 +109,11 @@ impl<O: Send + 'static> Driver<O> {
             tracing::error!(member = %d.cfg.id, "raft node stopped: {e}");
             d.shared.status.lock().failed = Some(e.to_string());
         }
+        if result.is_ok() {
+            if let Err(e) = d.save_commit() {
+                tracing::warn!(member = %d.cfg.id, "commit index not saved at stop: {e}");
+            }
+        }
         d.ended = true;
         d.shared.publish_sole_leader(false, 0);
         let _ = d.apply.send(ApplyTask::Stop);
@@ -168,6 +173,7 @@ impl<O: Send + 'static> Driver<O> {
         if tick {
             self.raw.tick();
             self.on_tick(Instant::now());
+            self.save_commit()?;
         }
         self.issue_reads();
         let round_out = self.reads_inflight.is_some();
@@ -581,6 +587,10 @@ impl<O: Send + 'static> Driver<O> {
         }
         let entries = rd.take_entries();
         let mut hs = rd.hs().cloned();
+        if hs.is_none() && !entries.is_empty() && self.commit_unsaved() {
+            // A commit index not yet in the WAL rides with these entries.
+            hs = Some(self.raw.store().hard_state().clone());
+        }
         // A sole voter's entries are committed once durable: the hard state written with them
         // says so, sparing the write of the commit index that raft computes after this save.
         // (A leader appends in its own term; committing its last entry commits all before.)
@@ -592,7 +602,18 @@ impl<O: Send + 'static> Driver<O> {
             h.commit = h.commit.max(last.index);
             hs = Some(h);
         }
-        self.wal.save(hs.as_ref(), &entries, rd.must_sync())?;
+        // A hard state whose commit index alone moved, with no entries, is not written now:
+        // the index rides with the next entries or hard state, or the next tick writes it
+        // (`save_commit`) — a write less for each of a leader's commits. A restart that finds
+        // the WAL's commit index behind what was applied loses nothing: the entries past it
+        // are in the log (a leader's own before it counts them; a follower's before it
+        // answers), raft commits them again, and the state machine skips what it already
+        // holds — as after a power loss, where this write was never synced either.
+        let saved = self.wal.hard_state();
+        let written = hs
+            .as_ref()
+            .filter(|h| !entries.is_empty() || h.term != saved.term || h.vote != saved.vote);
+        self.wal.save(written, &entries, rd.must_sync())?;
         if let Some(hs) = hs {
             self.raw.mut_store().set_hard_state(hs);
         }
@@ -602,16 +623,26 @@ impl<O: Send + 'static> Driver<O> {
         self.on_read_states(rd.take_read_states());
         let mut light = self.raw.advance_append(rd);
         if let Some(commit) = light.commit_index() {
-            // The commit index reaches the WAL before the entries it covers are applied.
-            let saved = self.raw.store().hard_state().commit;
+            // Written later, as above.
             self.raw.mut_store().set_commit(commit);
-            if commit > saved {
-                let hs = self.raw.store().hard_state().clone();
-                self.wal.save(Some(&hs), &[], false)?;
-            }
         }
         self.send(light.take_messages());
         self.handoff(light.take_committed_entries())?;
+        Ok(())
+    }
+
+    /// Whether the commit index is ahead of the one the WAL holds.
+    fn commit_unsaved(&self) -> bool {
+        self.wal.hard_state().commit < self.raw.store().hard_state().commit
+    }
+
+    /// Writes the commit index if the WAL's is behind (not synced, as raft-rs asks of a hard
+    /// state whose commit alone moved): at each tick, and when the node stops.
+    pub(super) fn save_commit(&mut self) -> Result<()> {
+        if self.commit_unsaved() {
+            let hs = self.raw.store().hard_state().clone();
+            self.wal.save(Some(&hs), &[], false)?;
+        }
         Ok(())
     }
 
