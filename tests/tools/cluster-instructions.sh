@@ -26,7 +26,7 @@ d=$(mktemp -d)
 out=${OUT:-$d/profiles}
 mkdir -p "$out"
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
 grind() { # the member under callgrind: its command line
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.%p" "$@" \

@@ -17,7 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh" --with-benchmark)
 d=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
 if [ "$(basename "$exe")" = noop-kv ]; then
   # The floor: three no-op members (examples/noop-kv.rs), m0 leading; raft's messages and

@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh")
 d=$(mktemp -d)
 pid=
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
 (cd "$here/../clients/go" && GOFLAGS=-mod=mod go build -o "$d/h2abuse" ./cmd/h2abuse)
 attacks=${ATTACKS:-streams range-noread tiny-window empty-data empty-continuation empty-fields rapid-reset reset-paired reset-reconnect ping settings header-list}
 

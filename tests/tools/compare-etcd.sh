@@ -28,7 +28,7 @@ n() { awk -v a="$1" -v s="$scale" 'BEGIN{v=int(a*s); if (v<100) v=100; print v}'
 work=$(mktemp -d)
 members=${MEMBERS:-1}
 pids=()
-cleanup() { local p; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { set +e; local p; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
 # The certificates.

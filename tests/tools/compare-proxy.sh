@@ -35,7 +35,7 @@ mkdir -p "$tools"
   && GOFLAGS=-mod=mod go build -o "$tools/kvload" ./cmd/kvload)
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"; }
+cleanup() { set +e; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
 
 member=127.0.0.1:24379 delayed=127.0.0.1:24380 hop=127.0.0.1:24383 kvdp=127.0.0.1:24390 etcdp=127.0.0.1:24391

@@ -18,7 +18,7 @@ bin=$("$here/etcd-tools.sh")
 against=$(readlink -f "${AGAINST:-$bin/etcd}")
 work=$(mktemp -d)
 pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { set +e; [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 (cd "$here/../clients/go" && go build -o "$work/kwatch" ./cmd/kwatch)
 ep=127.0.0.1:23790

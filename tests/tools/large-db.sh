@@ -34,7 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh")
 work=$(mktemp -d -p "${DIR:-/var/tmp}" large-db.XXXXXX)
 pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { set +e; [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 (cd "$here/../clients/go" && go build -o "$work/bigdb" ./cmd/bigdb)
 ep=127.0.0.1:23790

@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh" --with-benchmark)
 d=$(mktemp -d)
 pid=
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
 
 start() {
   "$exe" --name mem --data-dir "$d/data" --quota-backend-bytes $((16 << 30)) \

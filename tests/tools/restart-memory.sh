@@ -13,7 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$("$here/etcd-tools.sh")
 d=$(mktemp -d)
 pids=(0 0 0)
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
 ctl() { "$bin/etcdctl" --dial-timeout 500ms --command-timeout 2s "$@"; }
 start_cluster k0

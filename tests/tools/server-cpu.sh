@@ -20,7 +20,7 @@ d=$(mktemp -d)
   --initial-cluster bench=http://127.0.0.1:23800 >"$d/log" 2>&1 &
 pid=$!
 puts=
-trap 'kill $puts $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
+trap 'set +e; kill $puts $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
 for _ in $(seq 100); do
   "$bin/etcdctl" --endpoints 127.0.0.1:23790 put foo bar >/dev/null 2>&1 && break
   sleep 0.1
