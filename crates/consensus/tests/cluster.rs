@@ -226,9 +226,10 @@ fn a_last_commit_index_reaches_the_followers_before_the_next_heartbeat() {
     c.check();
 }
 
-/// A leader writes a new commit index with the next entries, not on its own each time it
-/// moves; when no entries follow, the index still reaches its WAL by the next tick (read from
-/// a copy of the files taken while it runs: what a SIGKILL would leave), and at a stop.
+/// A leader's commit index that moved alone is not written at once (it rides with the next
+/// entries), but when no entries follow it still reaches the WAL by the next tick (read from a
+/// copy of the files taken while the leader runs: what a SIGKILL would leave), and is there
+/// after a stop.
 #[test]
 fn a_last_commit_index_reaches_the_wal_by_the_next_tick_and_at_stop() {
     let mut c = Cluster::new(3, fast);
