@@ -10,10 +10,14 @@
 # (`Config::commit_tell_delay` passes before the next put), which a busy leader piggybacks.
 # Prints the total, each thread's share, and leaves the per-thread profiles in OUT (default a
 # temporary directory, removed) for `callgrind_annotate --inclusive=yes FILE`. Given the no-op
-# server (target/release/examples/noop-kv; leader or follower), it counts the floor's: three
-# no-op members, as `cluster-put1.sh` starts them.
-# Usage:  [N=puts] [RATE=puts/s] [OUT=dir] cluster-instructions.sh path/to/kvd leader|follower|one
-#         (or path/to/noop-kv leader|follower)
+# server (target/release/examples/noop-kv), it counts the floor's: three no-op members, as
+# `cluster-put1.sh` starts them, or one alone (`one`, as `server-cpu.sh` runs it).
+# With CACHE=1 callgrind also simulates caches far smaller than the machine's (16 KiB for code,
+# 16 KiB for data, 32 KiB behind them) and prints the last level's misses per put: roughly the
+# code and data lines a put touches, the footprint a put brings back into caches that the
+# kernel's work between its syscalls (an fsync, a wait for the client) left cold.
+# Usage:  [N=puts] [RATE=puts/s] [OUT=dir] [CACHE=1] cluster-instructions.sh path/to/server \
+#         leader|follower|one
 # Needs: valgrind (apt-get install valgrind), go (etcd-tools.sh builds etcdctl and benchmark).
 set -euo pipefail
 exe=$(readlink -f "${1:?usage: cluster-instructions.sh path/to/kvd leader|follower|one}")
@@ -28,31 +32,37 @@ mkdir -p "$out"
 pids=()
 trap 'set +e; kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
+cache=()
+[ -n "${CACHE:-}" ] && cache=(--cache-sim=yes --I1=16384,4,64 --D1=16384,4,64 --LL=32768,4,64)
 grind() { # the member under callgrind: its command line
-  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.%p" "$@" \
-    >>"$d/m2.log" 2>&1 &
+  valgrind --tool=callgrind --separate-threads=yes "${cache[@]}" \
+    --callgrind-out-file="$out/callgrind.%p" "$@" >>"$d/m2.log" 2>&1 &
   pids[2]=$!
 }
 if [ "$(basename "$exe")" = noop-kv ]; then
   # The floor: three no-op members (examples/noop-kv.rs, as cluster-put1.sh starts them), the
-  # one under callgrind a follower or the leader.
+  # one under callgrind a follower or the leader; or one alone.
   case "$role" in
-    leader | follower) ;;
-    *) echo "a no-op member is a leader or a follower" >&2; exit 2 ;;
+    leader | follower | one) ;;
+    *) echo "a no-op member is a leader, a follower or one alone" >&2; exit 2 ;;
   esac
-  NOOP_PEER_LISTEN=127.0.0.1:23801 "$exe" >>"$d/m1.log" 2>&1 &
-  pids[1]=$!
   c=127.0.0.1:23790 f=127.0.0.1:23801,127.0.0.1:23802
-  if [ "$role" = follower ]; then
-    NOOP_PEER_LISTEN=127.0.0.1:23802 grind "$exe"
-    sleep 3 # its listener up under callgrind before the leader dials it
-    NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f "$exe" >>"$d/m0.log" 2>&1 &
-    pids[0]=$!
-  else
-    NOOP_PEER_LISTEN=127.0.0.1:23802 "$exe" >>"$d/m0.log" 2>&1 &
-    pids[0]=$!
-    NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f grind "$exe"
+  if [ "$role" != one ]; then
+    NOOP_PEER_LISTEN=127.0.0.1:23801 "$exe" >>"$d/m1.log" 2>&1 &
+    pids[1]=$!
   fi
+  case "$role" in
+    one) NOOP_FSYNC=1 NOOP_CLIENT=$c grind "$exe" ;;
+    follower)
+      NOOP_PEER_LISTEN=127.0.0.1:23802 grind "$exe"
+      sleep 3 # its listener up under callgrind before the leader dials it
+      NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f "$exe" >>"$d/m0.log" 2>&1 &
+      pids[0]=$! ;;
+    leader)
+      NOOP_PEER_LISTEN=127.0.0.1:23802 "$exe" >>"$d/m0.log" 2>&1 &
+      pids[0]=$!
+      NOOP_FSYNC=1 NOOP_CLIENT=$c NOOP_PEERS=$f grind "$exe" ;;
+  esac
   took_write 127.0.0.1:23790 foo || { echo "the no-op cluster took no write" >&2; exit 1; }
   leader=127.0.0.1:23790
 else
@@ -99,13 +109,18 @@ callgrind_control -d "${pids[2]}" >/dev/null 2>&1
 sleep 2
 echo "$(basename "$exe") member under callgrind as $role, $n puts at $rate/s through $leader:"
 for f in "$out"/callgrind.*.1-*; do
-  t=$(awk '/^summary:/{print $2; exit}' "$f")
+  # Ir, and with CACHE=1 the last level's code misses and data misses (reads and writes)
+  read -r t lc ld < <(awk '/^summary:/{print $2, $8 + 0, $9 + $10; exit}' "$f")
   name=$(grep -m1 -o 'flush_loop' "$f" || true)
-  echo "$t ${name:-other} $f"
-done | awk -v n="$n" '
+  echo "$t ${name:-other} $f $lc $ld"
+done | awk -v n="$n" -v cache="${CACHE:-}" '
   $2 == "flush_loop" { printf "  %-44s %8d per put (left out)\n", "the flush thread", $1 / n; next }
   $1 > 0 {
-    s += $1; t = $3; sub(/.*-/, "thread ", t)
+    s += $1; lc += $4; ld += $5; t = $3; sub(/.*-/, "thread ", t)
     if ($1 / n >= 100) printf "  %-44s %8d per put\n", t, $1 / n
   }
-  END { printf "instructions per put, all threads but the flush: %d\n", s / n }'
+  END {
+    printf "instructions per put, all threads but the flush: %d\n", s / n
+    if (cache)
+      printf "lines missed per put in the small caches: %d of code, %d of data\n", lc / n, ld / n
+  }'

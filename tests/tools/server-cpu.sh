@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One workload of etcd's `benchmark` tool against one fresh single-member server, printing its
-# throughput and the server process's own CPU (user+sys) per request: for A/B comparisons of
-# two kvd builds (or kvd and etcd), run alternately, one server at a time. With THREADS=1 it
+# throughput and the server process's own CPU per request (user+sys, then each: the split is
+# the kernel's tick sampling, the sum exact): for A/B comparisons of two kvd builds (or kvd and
+# etcd), run alternately, one server at a time. With THREADS=1 it
 # also prints the load generator's CPU and, for each of the server's threads, its CPU time and
 # context switches (voluntary, involuntary) per request: where a server's time goes.
 # mixed-s and mixed-l time one client's serializable or linearizable reads while 10 other
@@ -26,7 +27,8 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 B="$bin/benchmark --endpoints 127.0.0.1:23790"
-ticks() { awk '{print $14+$15}' "/proc/$pid/stat"; }
+# the server's user and system ticks
+ticks() { awk '{print $14, $15}' "/proc/$pid/stat"; }
 # thread id, name, ticks, voluntary and involuntary switches
 threads() {
   for t in /proc/$pid/task/*; do
@@ -36,7 +38,7 @@ threads() {
 }
 timed() { /usr/bin/time -f "client cpu %U s user %S s sys" "$@"; }
 [ -n "${THREADS:-}" ] && threads >"$d/a"
-t0=$(ticks)
+read -r u0 s0 <<<"$(ticks)"
 case $wl in
   put1)    n=${N:-3000};  out=$(timed $B --conns 1 --clients 1 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
   put100)  n=${N:-60000}; out=$(timed $B --conns 10 --clients 100 put --key-size 8 --sequential-keys --val-size 256 --total "$n" 2>&1) ;;
@@ -51,10 +53,12 @@ case $wl in
     kill $puts; wait $puts 2>/dev/null || true; puts= ;;
   *) echo "unknown workload $wl" >&2; exit 2 ;;
 esac
-t1=$(ticks)
+read -r u1 s1 <<<"$(ticks)"
 rps=$(echo "$out" | tr '\r' '\n' | awk '/Requests\/sec/{print $2}')
 hz=$(getconf CLK_TCK)
-echo "$(basename "$exe") $wl req/s=$rps cpu-us/req=$(awk -v a="$t0" -v b="$t1" -v n="$n" -v hz="$hz" 'BEGIN{printf "%.1f", (b-a)*1e6/hz/n}')"
+echo "$(basename "$exe") $wl req/s=$rps $(awk -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v n="$n" \
+  -v hz="$hz" 'BEGIN{f = 1e6 / hz / n
+    printf "cpu-us/req=%.1f user-us/req=%.1f sys-us/req=%.1f", (u + s) * f, u * f, s * f}')"
 case $wl in mixed-*) echo "$out" | tr '\r' '\n' | awk '/Average:/{a=$2} /99% in/{p=$3} /99.9% in/{q=$3}
   END{printf "reads: average %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n", a*1000, p*1000, q*1000}' ;; esac
 [ -z "${THREADS:-}" ] && exit 0
