@@ -1,6 +1,8 @@
 //! A KV server that does no work: the floor under any server's cost per call, for the
 //! measurements in docs/measurements.md. Range and Put answer an empty response at once (Put after one
-//! 4 KiB `fdatasync` with `NOOP_FSYNC=1`); nothing is stored.
+//! 4 KiB `fdatasync` with `NOOP_FSYNC=1`); nothing is stored. With `NOOP_APPEND=<bytes>` as well,
+//! a put appends a record of that many bytes to a log-like file and syncs it, where it would
+//! overwrite one page: a log's floor (`tests/tools/put1-floor.sh` runs both).
 //!
 //! `NOOP_STACK=tonic` serves it with tonic's server (hyper + h2 + tower), `NOOP_STACK=wire` (the
 //! default) with grpc-wire, as kvd's client port does. It listens on 127.0.0.1:23790 (or
@@ -52,9 +54,32 @@ struct Peers {
     acked: tokio::sync::watch::Sender<u64>,
 }
 
-/// One 4 KiB overwrite of `f`'s first page, made durable.
+/// What a put writes: 4 KiB of ones (the whole page, or the start of it for an appended record).
+static ONES: [u8; 4096] = [1; 4096];
+/// With `NOOP_APPEND=<bytes>` (at most 4,096): each put appends a record of that many bytes after
+/// the last, in a file zero-filled ahead (`APPEND_SPAN`), as a log does; it wraps at its end.
+static APPEND: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+static APPEND_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+const APPEND_SPAN: u64 = 64 << 20;
+
+fn append_len() -> Option<usize> {
+    *APPEND.get_or_init(|| {
+        let n = std::env::var("NOOP_APPEND").ok()?.parse::<usize>().ok()?;
+        Some(n.clamp(1, ONES.len()))
+    })
+}
+
+/// One 4 KiB overwrite of `f`'s first page (or one appended record), made durable.
 fn sync_page(f: &std::fs::File) {
-    f.write_at(&[1; 4096], 0).expect("write");
+    match append_len() {
+        None => f.write_all_at(&ONES, 0).expect("write"),
+        Some(n) => {
+            let n = n as u64;
+            let at = APPEND_AT.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+                % (APPEND_SPAN - APPEND_SPAN % n);
+            f.write_all_at(&ONES[..n as usize], at).expect("write")
+        }
+    }
     f.sync_data().expect("fdatasync");
 }
 
@@ -272,7 +297,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
         Some(_) => {
             let f = tempfile::tempfile()?;
-            f.write_at(&[0; 4096], 0)?;
+            match append_len() {
+                None => f.write_all_at(&[0; 4096], 0)?,
+                Some(_) => {
+                    let zeros = vec![0; 1 << 20];
+                    for i in 0..APPEND_SPAN >> 20 {
+                        f.write_all_at(&zeros, i << 20)?;
+                    }
+                }
+            }
             f.sync_all()?;
             Some(Arc::new(f))
         }
