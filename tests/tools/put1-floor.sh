@@ -43,6 +43,8 @@ run() {
   fi
 }
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
+
 servers=(kvd page)
 [ -n "${APPEND:-}" ] && servers+=(append)
 declare -A res
@@ -61,7 +63,6 @@ for i in $(seq "$rounds"); do
     read -r r c u y <<<"${res[$s]}"
     printf '%s %s\n' "$s" "$(awk -v kr="$kr" -v kc="$kc" -v r="$r" -v c="$c" 'BEGIN{
       printf "%.3f %.3f", kc / c, kr / r }') $ku $ks $u $y" >>"$rows"
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
     line+="; $s $r puts/s, $c us/put (user $u, system $y):"
     line+=" CPU $(ratio "$kc" "$c")x, puts/s $(ratio "$kr" "$r")x"
   done
