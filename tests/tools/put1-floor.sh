@@ -43,7 +43,7 @@ run() {
   fi
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a / b}'; }
 
 servers=(kvd page)
 [ -n "${APPEND:-}" ] && servers+=(append)
@@ -61,10 +61,10 @@ for i in $(seq "$rounds"); do
   line="round $i: kvd $kr puts/s, $kc us/put (user $ku, system $ks)"
   for s in "${servers[@]:1}"; do
     read -r r c u y <<<"${res[$s]}"
-    printf '%s %s\n' "$s" "$(awk -v kr="$kr" -v kc="$kc" -v r="$r" -v c="$c" 'BEGIN{
-      printf "%.3f %.3f", kc / c, kr / r }') $ku $ks $u $y" >>"$rows"
+    cr=$(ratio "$kc" "$c") rr=$(ratio "$kr" "$r")
+    echo "$s $cr $rr $ku $ks $u $y" >>"$rows"
     line+="; $s $r puts/s, $c us/put (user $u, system $y):"
-    line+=" CPU $(ratio "$kc" "$c")x, puts/s $(ratio "$kr" "$r")x"
+    line+=" CPU $(printf %.2f "$cr")x, puts/s $(printf %.2f "$rr")x"
   done
   echo "$line"
 done
