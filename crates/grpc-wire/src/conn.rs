@@ -70,8 +70,8 @@ enum Kind {
         method: usize,
         body: Vec<u8>,
         timeout: Option<Duration>,
-        /// The request's metadata, handed to the call.
-        headers: Vec<(Bytes, Bytes)>,
+        /// The request's fields: its metadata is handed to the call.
+        fields: Arc<crate::request::Fields>,
     },
     /// A unary call under way (its cancel handle) or answered.
     Called(Option<Arc<Cancel>>),

@@ -1,6 +1,7 @@
 //! A request's header fields as decoded, checked against HTTP/2's rules for requests
 //! (RFC 9113, 8.2 and 8.3), and turned into an `http::Request` when a tower service serves it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,12 +21,13 @@ pub(crate) fn is_connection_specific(name: &[u8]) -> bool {
 /// The header blocks a connection's client repeats, and their fields: a client calling a
 /// method again sends the same bytes, every field a reference to the tables, and they decode
 /// to the same fields as long as the decoder's dynamic table does not change. Up to
-/// [`REPEATED`] blocks, forgotten when the table changes.
+/// [`REPEATED`] blocks, forgotten when the table changes. The fields are shared with the
+/// requests that repeat them (one count moved, where a copy moved one for each field's bytes).
 #[derive(Debug, Default)]
 pub(crate) struct Repeated {
     /// The decoder's table changes when the blocks were decoded.
     table: u64,
-    blocks: Vec<(Bytes, Fields)>,
+    blocks: Vec<(Bytes, Arc<Fields>)>,
     /// The block replaced next when all places are taken.
     next: usize,
 }
@@ -44,7 +46,7 @@ impl Repeated {
         &mut self,
         dec: &mut Decoder,
         block: &Bytes,
-    ) -> Result<Fields, hpack::Error> {
+    ) -> Result<Arc<Fields>, hpack::Error> {
         if dec.changes() != self.table {
             self.blocks.clear();
             self.table = dec.changes();
@@ -54,6 +56,7 @@ impl Repeated {
         }
         let mut fields = Fields::default();
         let indexed = dec.decode(block, |n, v| fields.add(n, v))?;
+        let fields = Arc::new(fields);
         if indexed && !block.is_empty() && fields.size() <= REPEATED_SIZE {
             let kept = (block.clone(), fields.clone());
             if self.blocks.len() < REPEATED {
@@ -209,8 +212,8 @@ impl Fields {
     }
 
     /// The regular fields, as they came.
-    pub(crate) fn into_regular(self) -> Vec<(Bytes, Bytes)> {
-        self.regular
+    pub(crate) fn regular(&self) -> &[(Bytes, Bytes)] {
+        &self.regular
     }
 
     /// The regular fields as a header map (trailers, or a request's headers).

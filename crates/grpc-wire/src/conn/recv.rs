@@ -306,7 +306,7 @@ where
             }
             s.remote_closed = true;
             if let Kind::Bridged(io) = &s.kind {
-                let trailers = fields.into_header_map();
+                let trailers = Arc::unwrap_or_clone(fields).into_header_map();
                 io.deliver(|st| {
                     st.recv_trailers = trailers.ok();
                     st.recv_end = true;
@@ -392,7 +392,7 @@ where
                     method,
                     body: Vec::new(),
                     timeout: fields.timeout(),
-                    headers: fields.into_regular(),
+                    fields,
                 };
                 self.insert_stream(id, s, UNARY_COST + block.len());
                 if p.end_stream {
@@ -401,7 +401,7 @@ where
             }
             None => {
                 let timeout = fields.timeout();
-                let req = match fields.into_request() {
+                let req = match Arc::unwrap_or_clone(fields).into_request() {
                     Ok(r) => r,
                     Err(why) => {
                         tracing::debug!(stream = id, "malformed request: {why}");
@@ -460,10 +460,10 @@ where
                 method,
                 body,
                 timeout,
-                headers,
+                fields,
             } => match grpc::unary_message(&body) {
                 Ok(msg) => {
-                    let head = crate::CallHead::new(&headers, &self.extensions);
+                    let head = crate::CallHead::new(fields.regular(), &self.extensions);
                     let fut = self.unary.call(method, msg, head);
                     let timer = timeout.map(|d| Box::pin(tokio::time::sleep(d)));
                     let cancel = Arc::new(Cancel::default());
