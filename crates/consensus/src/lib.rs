@@ -26,8 +26,8 @@ pub use member::{
     cluster_id, member_id, parse_initial_cluster, BadInitialCluster, Member, Members,
 };
 pub use node::{
-    Change, Committed, Config, Error, Inbox, Local, PeerProgress, RaftNode, Result, Role, Start,
-    StateMachine, Status,
+    Change, Committed, Company, Config, Error, Inbox, Local, PeerProgress, RaftNode, Result, Role,
+    Start, StateMachine, Status, LONE_TURNS,
 };
 pub use raft::eraftpb::{Message, MessageType};
 pub use snap::SnapError;

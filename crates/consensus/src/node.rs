@@ -13,7 +13,7 @@ use std::any::Any;
 use std::future::Future;
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -50,6 +50,25 @@ pub struct Committed<'a> {
 /// ([`RaftNode::propose_local`], [`Committed::local`]). It must be what the bytes say: other
 /// members decode the bytes.
 pub type Local = Box<dyn Any + Send>;
+
+/// What a proposer knows of other requests that could share its proposal's turn of the Ready
+/// loop ([`RaftNode::propose_local`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Company {
+    /// Others may be on their way (calls polled in the same pass as this one): the turn
+    /// waits one yield for them.
+    Maybe,
+    /// The caller knows of no other request in flight on this member (a client's only call).
+    /// After [`LONE_TURNS`] turns in a row of one proposal each with none other waiting, the
+    /// proposal takes its turn at once, without the yield.
+    None,
+}
+
+/// Turns in a row, each of one proposal with none other waiting, after which a proposal whose
+/// caller knows of no company ([`Company::None`]) takes its turn without a yield. Any sign of
+/// company (a proposal made while another waits, a turn of several) starts the count over:
+/// the yield is what lets calls made together share a turn and its fsync.
+pub const LONE_TURNS: u32 = 8;
 
 /// What consensus replicates into. It knows nothing of keys: kvd's implementation applies
 /// requests to mvcc.
@@ -341,6 +360,9 @@ pub(crate) struct Shared<O> {
     /// loop takes another turn after letting go (see [`take_turn`]). A turn clears it before
     /// it takes what is queued.
     pub(crate) turn_wanted: AtomicBool,
+    /// Turns in a row (up to [`LONE_TURNS`]) that each took one proposal, none other waiting
+    /// when it was made (see [`Company::None`]).
+    pub(crate) lone_turns: AtomicU32,
     /// When a request of this member's own (a proposal, a linearizable read) last went to the
     /// Ready loop: milliseconds after `started`, plus one (0: never). See
     /// [`Inbox::asked_lately`].
@@ -591,6 +613,7 @@ impl<O: Send + 'static> RaftNode<O> {
             commit_due: Mutex::new(None),
             appended_since_due: AtomicBool::new(false),
             turn_wanted: AtomicBool::new(false),
+            lone_turns: AtomicU32::new(0),
             asked_at: AtomicU64::new(0),
             started: Instant::now(),
         });
@@ -628,7 +651,9 @@ impl<O: Send + 'static> RaftNode<O> {
     /// leader, a lone write's appends to a leader's followers and its own fsync, happen there
     /// — no hand-off to the raft thread and back (two wake-ups, the larger part of a lone
     /// client's write on a small machine). The future first yields once, so proposals made
-    /// together (the calls of one connection's read) share the turn and its fsync.
+    /// together (the calls of one connection's read) share the turn and its fsync; a lone
+    /// client's, whose caller says so ([`propose_local`](Self::propose_local) with
+    /// [`Company::None`]), takes it at once while proposals come one at a time.
     ///
     /// A leader with followers takes the turn here only for a proposal made while none of its
     /// others awaits an answer, and only while every link writes its messages on the sending
@@ -638,24 +663,27 @@ impl<O: Send + 'static> RaftNode<O> {
     /// (Measured on three members, the two ways' put100 and txn-put differ within noise; the
     /// busy case keeps the path it had. A lone write through the leader: 10 % less CPU.)
     pub fn propose(&self, data: Vec<u8>) -> impl Future<Output = Result<O>> + Send + 'static {
-        self.propose_with(data, None)
+        self.propose_with(data, None, Company::Maybe)
     }
 
     /// [`propose`](Self::propose), handing this member's apply `local` with the entry
     /// ([`Committed::local`]) if the proposal still waits when it applies: the request `data`
-    /// encodes, which the state machine then need not decode.
+    /// encodes, which the state machine then need not decode. `company`: what the caller
+    /// knows of other requests that could share the turn.
     pub fn propose_local(
         &self,
         data: Vec<u8>,
         local: Local,
+        company: Company,
     ) -> impl Future<Output = Result<O>> + Send + 'static {
-        self.propose_with(data, Some(local))
+        self.propose_with(data, Some(local), company)
     }
 
     fn propose_with(
         &self,
         data: Vec<u8>,
         local: Option<Local>,
+        company: Company,
     ) -> impl Future<Output = Result<O>> + Send + 'static {
         let seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         self.shared.note_asked();
@@ -665,6 +693,10 @@ impl<O: Send + 'static> RaftNode<O> {
             waiters.insert(seq, Waiter { answer, local });
             waiters.len() == 1
         };
+        if !alone && self.shared.lone_turns.load(Ordering::Relaxed) != 0 {
+            // (Written only when it changes: under many writers every proposal comes here.)
+            self.shared.lone_turns.store(0, Ordering::Relaxed);
+        }
         let here = match self.shared.propose_at.load(Ordering::SeqCst) {
             at if at == ProposeAt::Here as u8 => true,
             at if at == ProposeAt::HereAlone as u8 => alone,
@@ -672,7 +704,10 @@ impl<O: Send + 'static> RaftNode<O> {
         };
         let turn = if here {
             self.shared.queued.lock().push((seq, data));
-            Some(self.queued_turn())
+            let at_once = company == Company::None
+                && alone
+                && self.shared.lone_turns.load(Ordering::Relaxed) >= LONE_TURNS;
+            Some(self.queued_turn(at_once))
         } else {
             if self.send(Cmd::Propose { seq, data }).is_err() {
                 self.shared.waiters.lock().remove(&seq);
@@ -687,11 +722,17 @@ impl<O: Send + 'static> RaftNode<O> {
         }
     }
 
-    fn queued_turn(&self) -> QueuedTurn<O> {
+    /// The turn for a proposal just queued: `at_once`, taken in its first poll; else after
+    /// one yield.
+    fn queued_turn(&self, at_once: bool) -> QueuedTurn<O> {
         QueuedTurn {
             driver: self.driver.clone(),
             shared: self.shared.clone(),
-            state: TurnState::Yield,
+            state: if at_once {
+                TurnState::Take
+            } else {
+                TurnState::Yield
+            },
         }
     }
 
@@ -707,7 +748,7 @@ impl<O: Send + 'static> RaftNode<O> {
             self.shared.note_asked();
             let (tx, rx) = oneshot::channel();
             self.shared.reads_queued.lock().push(tx);
-            (self.queued_turn(), rx)
+            (self.queued_turn(false), rx)
         });
         async move {
             match point {

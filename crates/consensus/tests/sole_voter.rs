@@ -1,16 +1,18 @@
 //! A sole voter takes the Ready loop's turn on the proposing thread (`RaftNode::propose`):
-//! proposals made in one pass of their caller share that turn's WAL fsync, and a stopped node
-//! answers a proposal instead of leaving it waiting. Alone in its binary: it counts the
-//! process's WAL fsyncs.
+//! proposals made in one pass of their caller share that turn's WAL fsync, a lone caller's
+//! proposal takes it at once while proposals come one at a time, and a stopped node answers a
+//! proposal instead of leaving it waiting. Alone in its binary: it counts the process's WAL
+//! fsyncs.
 
 mod harness;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 
 use consensus::metrics::WAL_FSYNC;
-use consensus::{Error, RaftNode};
+use consensus::{Company, Error, RaftNode, LONE_TURNS};
 use harness::{fast, Cluster};
 
 type Proposal<'a> = Pin<Box<dyn Future<Output = consensus::Result<u64>> + 'a>>;
@@ -80,5 +82,101 @@ fn proposals_made_together_share_one_fsync_and_a_stopped_node_answers() {
     }
     c.restart(1);
     c.leader();
+    c.check();
+}
+
+/// A proposal (of a value of its own) whose caller says it has `company` or none, made when
+/// first polled.
+fn proposal(node: &RaftNode<u64>, company: Company) -> Proposal<'_> {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let n = MADE.fetch_add(1, Ordering::Relaxed);
+    Box::pin(async move {
+        let data = format!("lone-{n}").into_bytes();
+        node.propose_local(data.clone(), Box::new(data), company)
+            .await
+    })
+}
+
+/// Runs `f` to its end: whether its first poll finished it (the turn taken at once, not after
+/// a yield).
+fn done_in_first_poll(c: &Cluster, mut f: Proposal<'_>) -> bool {
+    c.rt.block_on(async move {
+        let mut first = None;
+        std::future::poll_fn(|cx| {
+            let p = f.as_mut().poll(cx);
+            first.get_or_insert(p.is_ready());
+            p.map(|r| r.map(|_| ()))
+        })
+        .await
+        .unwrap();
+        first.unwrap()
+    })
+}
+
+#[test]
+fn a_lone_callers_proposal_takes_its_turn_at_once_until_company_comes() {
+    let c = Cluster::new(1, fast);
+    c.leader();
+    let node = c.node(1);
+    // Until LONE_TURNS turns in a row each took one proposal, a lone caller's yields first.
+    let mut at_once = Vec::new();
+    for _ in 0..=LONE_TURNS {
+        at_once.push(done_in_first_poll(&c, proposal(node, Company::None)));
+    }
+    let yields = usize::try_from(LONE_TURNS).unwrap();
+    assert!(at_once[..yields].iter().all(|&a| !a), "{at_once:?}");
+    assert!(
+        at_once[yields],
+        "a lone caller's proposal waited: {at_once:?}"
+    );
+    // A caller that may have company yields still.
+    assert!(!done_in_first_poll(&c, proposal(node, Company::Maybe)));
+
+    // Proposals made together (a connection's calls polled in one pass): the first, made
+    // while none waits, cannot know of the others, but its caller can (`Company::Maybe`): it
+    // yields, and one turn takes them all.
+    let before = WAL_FSYNC.get_sample_count();
+    let together = (0..10).map(|_| proposal(node, Company::Maybe)).collect();
+    for r in c.rt.block_on(poll_together(together)) {
+        r.unwrap();
+    }
+    assert!(WAL_FSYNC.get_sample_count() - before <= 2);
+    // That company starts the count over: a lone caller's next proposal yields.
+    assert!(!done_in_first_poll(&c, proposal(node, Company::None)));
+
+    // Two made together, one by a caller that knows of no other: neither takes its turn at
+    // once (the other waits), and the count starts over.
+    for _ in 0..LONE_TURNS {
+        done_in_first_poll(&c, proposal(node, Company::None));
+    }
+    let waiting = proposal(node, Company::Maybe);
+    let lone = proposal(node, Company::None);
+    let firsts = c.rt.block_on(async {
+        let mut futs = [waiting, lone];
+        let mut firsts = [None, None];
+        let mut done = [false, false];
+        std::future::poll_fn(|cx| {
+            for i in 0..2 {
+                if !done[i] {
+                    let p = futs[i].as_mut().poll(cx);
+                    firsts[i].get_or_insert(p.is_ready());
+                    done[i] = p.is_ready();
+                }
+            }
+            if done.iter().all(|&d| d) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        firsts
+    });
+    assert_eq!(
+        firsts,
+        [Some(false), Some(false)],
+        "neither took its turn at once"
+    );
+    assert!(!done_in_first_poll(&c, proposal(node, Company::None)));
     c.check();
 }

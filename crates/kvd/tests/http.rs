@@ -1,4 +1,5 @@
-//! The client port's plain HTTP endpoints and gRPC health, and the limits a client can hit.
+//! The client port's plain HTTP endpoints and gRPC health, the limits a client can hit, and a
+//! client's concurrent writes sharing the WAL's fsyncs.
 
 mod common;
 
@@ -40,12 +41,7 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
         );
     }
     // The put was fsynced to the WAL: the histogram has samples.
-    let fsyncs: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("etcd_disk_wal_fsync_duration_seconds_count "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(fsyncs > 0, "{metrics}");
+    assert!(wal_fsyncs(&m.client) > 0, "{metrics}");
     assert_eq!(get(&m.client, "/nope").0, 404);
 
     // gRPC health follows the leader (polled every 100 ms): SERVING once there is one.
@@ -179,4 +175,56 @@ fn writes_past_the_quota_raise_nospace_and_are_refused_reads_and_deletes_go_on()
     assert_eq!(common::ctl_ok(&ep, &["alarm", "list"]), "");
     common::ctl_ok(&ep, &["put", "small", "v"]);
     assert_eq!(get(&m.client, "/health").0, 200);
+}
+
+/// The WAL fsyncs the member made so far (its `/metrics`).
+fn wal_fsyncs(client: &str) -> u64 {
+    let (code, metrics) = get(client, "/metrics");
+    assert_eq!(code, 200);
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_disk_wal_fsync_duration_seconds_count "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_clients_concurrent_puts_share_fsyncs_after_lone_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
+    let kv = grpc::kv(&m.client);
+    let put = |key: String| {
+        let mut kv = kv.clone();
+        async move {
+            kv.put(PutRequest {
+                key: key.into_bytes(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+        }
+    };
+    // One at a time, as a lone client writes: each call's turn is taken at once.
+    rt.block_on(async {
+        for i in 0..20 {
+            put(format!("lone-{i}")).await.unwrap();
+        }
+    });
+    // Then 200 at once over the same connection: the calls of one read of it wait for each
+    // other and share a turn of the WAL (one fsync each turn), lone ones before or not.
+    let before = wal_fsyncs(&m.client);
+    rt.block_on(async {
+        let mut puts = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            puts.spawn(put(format!("together-{i}")));
+        }
+        while let Some(r) = puts.join_next().await {
+            r.unwrap().unwrap();
+        }
+    });
+    let fsyncs = wal_fsyncs(&m.client) - before;
+    assert!(fsyncs < 100, "200 concurrent puts took {fsyncs} fsyncs");
 }

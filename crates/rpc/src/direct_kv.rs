@@ -12,7 +12,7 @@ use tonic::Status;
 
 use crate::auth::{AuthInfo, Creds};
 use crate::kv;
-use crate::server::Core;
+use crate::server::{Core, KvCallInFlight};
 use crate::ClientCert;
 
 /// The methods answered here, by gRPC path; the index is the method's id.
@@ -61,8 +61,10 @@ where
                     .map(|t| String::from_utf8_lossy(t).into_owned()),
                 cert: head.extensions().get::<ClientCert>().cloned(),
             };
+            let in_flight = KvCallInFlight::new(core);
             let core = core.clone();
             Box::pin(async move {
+                let _in_flight = in_flight;
                 let who = core.identify(&creds).await?;
                 let resp = call(core, who, req).await?;
                 Ok(Bytes::from(resp.encode_to_vec()))

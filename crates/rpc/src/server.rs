@@ -1,11 +1,12 @@
 //! The server core every service shares: the raft member, the store, the limits, and what runs
 //! beside the requests (lease expiry on the leader, publishing this member's attributes).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{LeaseRevokeRequest, ResponseHeader};
-use consensus::{Change, Member, RaftNode, Role};
+use consensus::{Change, Company, Member, RaftNode, Role};
 use ids::{ClusterId, LeaseId, MemberId, Revision};
 use prost::Message;
 use tonic::Status;
@@ -110,6 +111,30 @@ pub struct Core {
     /// What the client port's connections hold together and what they were refused
     /// (served on `/metrics`).
     pub client_guard: Arc<grpc_wire::Guard>,
+    /// The KV calls the client port answers itself that are in flight, made and not yet
+    /// answered ([`KvCallInFlight`]): with one, its proposal has no company to wait for.
+    /// Calls served through tonic (a compressed KV call, the other services) are not counted:
+    /// one made beside a single counted call may take its turn without waiting for that one's
+    /// (at worst an fsync more for the two).
+    kv_calls: AtomicUsize,
+}
+
+/// Counts a KV call in [`Core`]'s calls in flight while it lives.
+pub(crate) struct KvCallInFlight(Arc<Core>);
+
+impl KvCallInFlight {
+    /// Counted from now: made when the call is (the calls of one read of a connection are
+    /// all made before the first is polled).
+    pub(crate) fn new(core: &Arc<Core>) -> KvCallInFlight {
+        core.kv_calls.fetch_add(1, Ordering::Relaxed);
+        KvCallInFlight(core.clone())
+    }
+}
+
+impl Drop for KvCallInFlight {
+    fn drop(&mut self) {
+        self.0.kv_calls.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The metadata naming the cluster of a request a member forwards to its leader; the
@@ -135,6 +160,7 @@ impl Core {
             dialer,
             to_leader: parking_lot::Mutex::new(None),
             client_guard: Arc::default(),
+            kv_calls: AtomicUsize::new(0),
         })
     }
 
@@ -202,25 +228,40 @@ impl Core {
             username: who.map(|w| w.user.clone()).unwrap_or_default(),
             auth_revision: who.map_or(0, |w| w.revision),
         };
-        self.propose_request(InternalRequest {
-            op: Some(op),
-            header: Some(header),
-        })
+        // A client's only call in flight: its proposal need not wait for others'.
+        let company = match self.kv_calls.load(Ordering::Relaxed) {
+            1 => Company::None,
+            _ => Company::Maybe,
+        };
+        self.propose_request(
+            InternalRequest {
+                op: Some(op),
+                header: Some(header),
+            },
+            company,
+        )
         .await
     }
 
     /// Proposes the member's own `op` (an expired lease, a checkpoint, an alarm, an automatic
     /// compaction) and waits for its answer.
     pub async fn propose_internal(&self, op: Op) -> Result<Response, Status> {
-        self.propose_request(InternalRequest {
-            op: Some(op),
-            header: None,
-        })
+        self.propose_request(
+            InternalRequest {
+                op: Some(op),
+                header: None,
+            },
+            Company::Maybe,
+        )
         .await
     }
 
     /// Proposes `req` encoded; this member's apply takes `req` itself rather than decode it.
-    async fn propose_request(&self, req: InternalRequest) -> Result<Response, Status> {
+    async fn propose_request(
+        &self,
+        req: InternalRequest,
+        company: Company,
+    ) -> Result<Response, Status> {
         let data = req.encode_to_vec();
         if data.len() > self.cfg.max_request_bytes {
             return Err(error::request_too_large());
@@ -229,7 +270,7 @@ impl Core {
         if commit.0 > applied.0 + MAX_APPLY_GAP {
             return Err(error::too_many_requests());
         }
-        match self.node.propose_local(data, Box::new(req)).await {
+        match self.node.propose_local(data, Box::new(req), company).await {
             Ok(applied) => applied,
             Err(e) => Err(error::consensus(&e)),
         }

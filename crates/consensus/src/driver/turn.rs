@@ -306,6 +306,17 @@ impl<O: Send + 'static> Driver<O> {
 
     pub(super) fn propose_queued(&mut self) {
         let queued = mem::take(&mut *self.shared.queued.lock());
+        // Counts the turns of a lone proposal in a row (see `Company::None`); a turn of
+        // several starts the count over, one of none (a peer's, a tick's) leaves it.
+        let lone = &self.shared.lone_turns;
+        match queued.len() {
+            0 => {}
+            1 => {
+                let n = lone.load(Ordering::Relaxed);
+                lone.store((n + 1).min(crate::node::LONE_TURNS), Ordering::Relaxed);
+            }
+            _ => lone.store(0, Ordering::Relaxed),
+        }
         for (seq, data) in queued {
             self.propose(seq, data);
         }

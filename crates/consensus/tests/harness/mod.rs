@@ -587,9 +587,11 @@ impl Cluster {
     /// Proposes through member `via`, handing its apply the data as the proposal's local
     /// ([`RaftNode::propose_local`]); an acknowledged proposal is remembered for the checks.
     pub fn propose(&self, via: u64, data: Vec<u8>) -> consensus::Result<u64> {
-        let fut = self
-            .node(via)
-            .propose_local(data.clone(), Box::new(data.clone()));
+        let fut = self.node(via).propose_local(
+            data.clone(),
+            Box::new(data.clone()),
+            consensus::Company::Maybe,
+        );
         let r = self.rt.block_on(fut);
         if let Ok(index) = r {
             self.acked.lock().push((data, index));
