@@ -18,12 +18,24 @@ use harness::{fast, Cluster};
 type Proposal<'a> = Pin<Box<dyn Future<Output = consensus::Result<u64>> + 'a>>;
 
 /// Polls every future in turn, as one connection polls its calls, until all are done.
-async fn poll_together(mut futs: Vec<Proposal<'_>>) -> Vec<consensus::Result<u64>> {
+async fn poll_together(futs: Vec<Proposal<'_>>) -> Vec<consensus::Result<u64>> {
+    let out = poll_together_noting_first(futs).await;
+    out.into_iter().map(|(r, _)| r).collect()
+}
+
+/// [`poll_together`], with whether each future's first poll finished it (its turn taken at
+/// once, not after a yield).
+async fn poll_together_noting_first(
+    mut futs: Vec<Proposal<'_>>,
+) -> Vec<(consensus::Result<u64>, bool)> {
     let mut out: Vec<Option<consensus::Result<u64>>> = futs.iter().map(|_| None).collect();
+    let mut first: Vec<Option<bool>> = futs.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+        for ((f, o), first) in futs.iter_mut().zip(out.iter_mut()).zip(first.iter_mut()) {
             if o.is_none() {
-                if let Poll::Ready(r) = f.as_mut().poll(cx) {
+                let p = f.as_mut().poll(cx);
+                first.get_or_insert(p.is_ready());
+                if let Poll::Ready(r) = p {
                     *o = Some(r);
                 }
             }
@@ -35,7 +47,10 @@ async fn poll_together(mut futs: Vec<Proposal<'_>>) -> Vec<consensus::Result<u64
         }
     })
     .await;
-    out.into_iter().flatten().collect()
+    out.into_iter()
+        .flatten()
+        .zip(first.into_iter().flatten())
+        .collect()
 }
 
 /// `n` proposals, each made when its future is first polled (as a server's call makes it).
@@ -99,18 +114,10 @@ fn proposal(node: &RaftNode<u64>, company: Company) -> Proposal<'_> {
 
 /// Runs `f` to its end: whether its first poll finished it (the turn taken at once, not after
 /// a yield).
-fn done_in_first_poll(c: &Cluster, mut f: Proposal<'_>) -> bool {
-    c.rt.block_on(async move {
-        let mut first = None;
-        std::future::poll_fn(|cx| {
-            let p = f.as_mut().poll(cx);
-            first.get_or_insert(p.is_ready());
-            p.map(|r| r.map(|_| ()))
-        })
-        .await
-        .unwrap();
-        first.unwrap()
-    })
+fn done_in_first_poll(c: &Cluster, f: Proposal<'_>) -> bool {
+    let (r, first) = c.rt.block_on(poll_together_noting_first(vec![f])).remove(0);
+    r.unwrap();
+    first
 }
 
 #[test]
@@ -149,34 +156,16 @@ fn a_lone_callers_proposal_takes_its_turn_at_once_until_company_comes() {
     for _ in 0..LONE_TURNS {
         done_in_first_poll(&c, proposal(node, Company::None));
     }
-    let waiting = proposal(node, Company::Maybe);
-    let lone = proposal(node, Company::None);
-    let firsts = c.rt.block_on(async {
-        let mut futs = [waiting, lone];
-        let mut firsts = [None, None];
-        let mut done = [false, false];
-        std::future::poll_fn(|cx| {
-            for i in 0..2 {
-                if !done[i] {
-                    let p = futs[i].as_mut().poll(cx);
-                    firsts[i].get_or_insert(p.is_ready());
-                    done[i] = p.is_ready();
-                }
-            }
-            if done.iter().all(|&d| d) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
-        firsts
-    });
-    assert_eq!(
-        firsts,
-        [Some(false), Some(false)],
-        "neither took its turn at once"
-    );
+    let two = vec![
+        proposal(node, Company::Maybe),
+        proposal(node, Company::None),
+    ];
+    let firsts: Vec<bool> =
+        c.rt.block_on(poll_together_noting_first(two))
+            .into_iter()
+            .map(|(r, first)| r.map(|_| first).unwrap())
+            .collect();
+    assert_eq!(firsts, [false, false], "neither took its turn at once");
     assert!(!done_in_first_poll(&c, proposal(node, Company::None)));
     c.check();
 }
