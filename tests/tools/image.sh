@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Builds kvd's container image: kvd built with the `image` profile (the release build, with
-# link-time optimization over the whole program: a smaller binary), or KVD_BIN, stripped, with
-# the dynamic loader and the libraries it links, into a context for the repository's
-# Containerfile, and then `podman build` (or `docker build`: CONTAINER_TOOL=docker).
+# link-time optimization over the whole program: a smaller binary) and profile-guided
+# optimization (tests/tools/pgo-build.sh), or KVD_BIN, stripped, with the dynamic loader and the
+# libraries it links, into a context for the repository's Containerfile, and then `podman
+# build` (or `docker build`: CONTAINER_TOOL=docker).
 # Usage:  tests/tools/image.sh [tag]          (default tag: kvd:latest)
-#   KVD_BIN=path/to/kvd   use that binary instead of building target/image/kvd (minutes)
-# Needs: podman (apt-get install -y podman runc) or docker; strip and ldd (binutils, libc-bin).
+#   KVD_BIN=path/to/kvd   use that binary instead of building one (the builds take minutes)
+#   PGO=0                 build kvd without profile-guided optimization (target/image/kvd):
+#                         no training run, and none of what it needs
+# Needs: podman (apt-get install -y podman runc) or docker; strip and ldd (binutils, libc-bin);
+# for the profile-guided build, what pgo-build.sh needs (go, openssl, python3).
 set -euo pipefail
 tag=${1:-kvd:latest}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 tool=${CONTAINER_TOOL:-podman}
 bin=${KVD_BIN:-}
-if [ -z "$bin" ]; then
+if [ -z "$bin" ] && [ "${PGO:-1}" != 0 ]; then
+  bin=$(PROFILE=image "$here/tests/tools/pgo-build.sh" kvd)
+elif [ -z "$bin" ]; then
   (cd "$here" && cargo build --profile image -p kvd)
   bin=$here/target/image/kvd
 fi

@@ -319,6 +319,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        // SIGTERM ends it through `exit`, as it ends kvd: what runs at exit runs (a counting
+        // build's profile, tests/tools/pgo-build.sh).
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::spawn(async move {
+            term.recv().await;
+            std::process::exit(0)
+        });
         if let (Ok(addr), Some(file)) = (std::env::var("NOOP_PEER_LISTEN"), &file) {
             follow(&addr, file.clone()).await?;
             return Ok(());
