@@ -4,10 +4,12 @@
 # run of that build under etcd's `benchmark` — the workloads of compare-etcd.sh (put1, put100,
 # range-l, range-s, txn-put, watch; in the clear and over mutual TLS with auth on; one member
 # and three), reads and puts through the leasing proxy (compare-proxy.sh), a restart from
-# 300,000 keys (memory-per-key.sh) — whose counts llvm-profdata merges; and the build again with those counts (`-Cprofile-use`): hot paths laid
-# out together and inlined, cold ones moved out of their way. A put's CPU on one member is
-# mostly the kernel's and its code and data coming back into cold caches (docs/measurements.md),
-# so the layout is what counts.
+# 300,000 keys (memory-per-key.sh) — whose counts llvm-profdata merges; and the build again
+# with those counts (`-Cprofile-use`): hot paths laid out together and inlined, cold ones moved
+# out of their way. Beside the kernel's, a put's CPU is mostly its code and data coming back
+# into caches the kernel left cold (docs/measurements.md), so the layout is what counts. Code
+# the training never ran is built as cold: compaction, defragmentation, snapshots and
+# membership changes are not in it.
 # The no-op (`noop-kv`, the floor kvd's put1 is measured against) trains on what it serves:
 # put1 on one member and through a three-member cluster's leader.
 # Usage:  [PROFILE=release|image] pgo-build.sh [kvd|noop-kv]
