@@ -43,7 +43,11 @@ build() { # rustflags target-dir
     "${which[@]}" --target "$host" --target-dir "$2") >&2
 }
 built() { # target-dir -> the binary
-  if [ "$what" = noop-kv ]; then echo "$1/$host/$profile/examples/noop-kv"; else echo "$1/$host/$profile/kvd"; fi
+  if [ "$what" = noop-kv ]; then
+    echo "$1/$host/$profile/examples/noop-kv"
+  else
+    echo "$1/$host/$profile/kvd"
+  fi
 }
 
 echo "pgo-build.sh: building $what to count ($profile)" >&2
@@ -69,7 +73,10 @@ else
   N=3000 "$tools/cluster-put1.sh" "$gen" leader >>"$log" 2>&1
 fi
 unset LLVM_PROFILE_FILE
-ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "pgo-build.sh: the training left no counts (see $log)" >&2; exit 1; }
+if ! ls "$raw"/*.profraw >/dev/null 2>&1; then
+  echo "pgo-build.sh: the training left no counts (see $log)" >&2
+  exit 1
+fi
 "$profdata" merge -o "$work/$what-$profile.profdata" "$raw"/*.profraw >&2
 
 echo "pgo-build.sh: building $what with the counts" >&2
