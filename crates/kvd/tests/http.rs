@@ -41,11 +41,7 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
         );
     }
     // The put was fsynced to the WAL: the histogram has samples.
-    let fsyncs: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("etcd_disk_wal_fsync_duration_seconds_count "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let fsyncs = common::metric_in(&metrics, "etcd_disk_wal_fsync_duration_seconds_count");
     assert!(fsyncs > 0, "{metrics}");
     assert_eq!(get(&m.client, "/nope").0, 404);
 

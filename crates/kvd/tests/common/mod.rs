@@ -322,10 +322,7 @@ impl Proc {
     /// A counter or gauge of this process's `/metrics` (0 when absent).
     pub fn metric(&self, name: &str) -> u64 {
         let (_, body) = http_get(&self.addrs.client, "/metrics");
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        metric_in(&body, name)
     }
 
     /// SIGSTOP or SIGCONT.
@@ -728,6 +725,15 @@ pub fn assert_same_answers(want: &[String], got: &[String]) {
         diffs.join("\n"),
         got.join("\n")
     );
+}
+
+/// A counter or gauge in a `/metrics` text (0 when absent).
+pub fn metric_in(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// A GET over HTTP/1.1: (status code, body).
