@@ -34,43 +34,42 @@ raw=$work/raw-$what-$profile
 rm -rf "$raw"
 mkdir -p "$raw" "$work/$profile"
 
+# What cargo builds, and where the binary lands under a target directory.
+which=(--bin kvd) binary=kvd
+[ "$what" = noop-kv ] && which=(--example noop-kv) binary=examples/noop-kv
+
 # cargo build with extra rustflags into a target directory of its own. With --target, cargo
 # gives RUSTFLAGS to the program only, not to build scripts and procedural macros.
 build() { # rustflags target-dir
-  local which=(--bin kvd)
-  [ "$what" = noop-kv ] && which=(--example noop-kv)
   (cd "$root" && RUSTFLAGS="${RUSTFLAGS:-} $1" cargo build -q --profile "$profile" -p kvd \
     "${which[@]}" --target "$host" --target-dir "$2") >&2
-}
-built() { # target-dir -> the binary
-  if [ "$what" = noop-kv ]; then
-    echo "$1/$host/$profile/examples/noop-kv"
-  else
-    echo "$1/$host/$profile/kvd"
-  fi
 }
 
 echo "pgo-build.sh: building $what to count ($profile)" >&2
 build "-Cprofile-generate=$raw" "$work/gen"
-gen=$(built "$work/gen")
+gen=$work/gen/$host/$profile/$binary
 
 echo "pgo-build.sh: training" >&2
 log=$work/train-$what-$profile.log
 : >"$log"
+# One step of the training, its output in the log; a step that fails stops the build.
+train() {
+  "$@" >>"$log" 2>&1 || { echo "pgo-build.sh: training failed at: $* (see $log)" >&2; exit 1; }
+}
 # Every process of the counting build writes its counts at exit (kvd exits on SIGTERM, as the
 # scripts stop it).
 export LLVM_PROFILE_FILE=$raw/$what-%p.profraw
 if [ "$what" = kvd ]; then
   for members in 1 3; do
     MEMBERS=$members SCALE=${PGO_SCALE:-0.3} MODES="plain tls-auth" AGAINST=$gen \
-      "$tools/compare-etcd.sh" "$gen" put1 put100 range-l range-s txn-put watch >>"$log" 2>&1
+      train "$tools/compare-etcd.sh" "$gen" put1 put100 range-l range-s txn-put watch
   done
-  DELAYS=0 TARGETS="kvd-proxy direct" SECS=2 "$tools/compare-proxy.sh" "$gen" >>"$log" 2>&1
+  DELAYS=0 TARGETS="kvd-proxy direct" SECS=2 train "$tools/compare-proxy.sh" "$gen"
   # A restart: the WAL replayed and the index rebuilt from 300,000 keys.
-  "$tools/memory-per-key.sh" "$gen" 300000 >>"$log" 2>&1
+  train "$tools/memory-per-key.sh" "$gen" 300000
 else
-  NOOP_FSYNC=1 N=10000 "$tools/server-cpu.sh" "$gen" put1 >>"$log" 2>&1
-  N=3000 "$tools/cluster-put1.sh" "$gen" leader >>"$log" 2>&1
+  NOOP_FSYNC=1 N=10000 train "$tools/server-cpu.sh" "$gen" put1
+  N=3000 train "$tools/cluster-put1.sh" "$gen" leader
 fi
 unset LLVM_PROFILE_FILE
 if ! ls "$raw"/*.profraw >/dev/null 2>&1; then
@@ -81,5 +80,5 @@ fi
 
 echo "pgo-build.sh: building $what with the counts" >&2
 build "-Cprofile-use=$work/$what-$profile.profdata" "$work/use"
-cp "$(built "$work/use")" "$work/$profile/$what"
+cp "$work/use/$host/$profile/$binary" "$work/$profile/$what"
 echo "$work/$profile/$what"
