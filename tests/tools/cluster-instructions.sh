@@ -42,7 +42,7 @@ grind() { # the member under callgrind: its command line
   pids[2]=$!
 }
 if [ "$(basename "$exe")" = noop-kv ]; then
-  # The floor: three no-op members (examples/noop-kv.rs, as cluster-put1.sh starts them), the
+  # The floor: three no-op members (examples/noop-kv, as cluster-put1.sh starts them), the
   # one under callgrind a follower or the leader; or one alone.
   case "$role" in
     leader | follower | one) ;;

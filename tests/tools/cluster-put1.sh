@@ -20,7 +20,7 @@ pids=()
 trap 'set +e; kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$d"' EXIT
 . "$here/three-members.sh"
 if [ "$(basename "$exe")" = noop-kv ]; then
-  # The floor: three no-op members (examples/noop-kv.rs), m0 leading; raft's messages and
+  # The floor: three no-op members (examples/noop-kv), m0 leading; raft's messages and
   # fsyncs for each write, nothing else.
   [ "$to" = leader ] || { echo "the no-op cluster is written through its leader only" >&2; exit 2; }
   for i in 1 2; do

@@ -22,8 +22,15 @@
 //! (`NOOP_PEERS=addr,addr`, with `NOOP_FSYNC=1`) sends a put's request to every follower, does
 //! its own fsync, and answers once one follower has (a majority of three): raft's messages and
 //! fsyncs for a write, and nothing else.
+//!
+//! It serves Watch too (`watch.rs`): each put's event goes to the watchers of its key, encoded
+//! once, with nothing stored: the floor under a watch fan-out (`tests/tools/watch-floor.sh`).
+//! With `NOOP_FSYNC=group` a thread makes puts durable together, as a server does its
+//! concurrent writes: it takes every put waiting, does the one `fdatasync`, then answers them
+//! and hands out their events (the grpc-wire stack only).
 
-use std::convert::Infallible;
+mod watch;
+
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -39,10 +46,40 @@ use tonic::{Request, Response, Status};
 
 /// The work a put does: nothing, or one `fdatasync` of a 4 KiB overwrite; and with followers,
 /// sending them the request and waiting for one to have synced it too.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Noop {
     file: Option<Arc<std::fs::File>>,
     peers: Option<Arc<Peers>>,
+    /// The revision, and the Watch streams a put's event goes to.
+    hub: Arc<watch::Hub>,
+    /// With `NOOP_FSYNC=group`: the puts waiting for the syncing thread.
+    group: Option<Arc<Group>>,
+}
+
+/// Puts waiting for the one fsync that makes them durable together, and their answers' way back.
+#[derive(Debug, Default)]
+struct Group {
+    waiting: parking_lot::Mutex<Vec<(PutRequest, tokio::sync::oneshot::Sender<PutResponse>)>>,
+    cv: parking_lot::Condvar,
+}
+
+impl Group {
+    /// The syncing thread: every put waiting, one fsync, then their answers and events.
+    fn sync_forever(&self, noop: &Noop, file: &std::fs::File) {
+        loop {
+            let puts = {
+                let mut waiting = self.waiting.lock();
+                while waiting.is_empty() {
+                    self.cv.wait(&mut waiting);
+                }
+                std::mem::take(&mut *waiting)
+            };
+            sync_page(file);
+            for (req, answer) in puts {
+                let _ = answer.send(noop.put_done(req));
+            }
+        }
+    }
 }
 
 /// A no-op leader's followers: the sending halves of their connections (locked together, so
@@ -176,30 +213,32 @@ async fn follow(addr: &str, file: Arc<std::fs::File>) -> std::io::Result<()> {
 }
 
 impl Noop {
-    fn header() -> Option<ResponseHeader> {
+    fn header(revision: i64) -> Option<ResponseHeader> {
         Some(ResponseHeader {
-            revision: 1,
+            revision,
             ..Default::default()
         })
     }
 
-    fn put(&self) -> PutResponse {
+    /// A put: the fsync (if any), then its event to the watchers of its key.
+    fn put(&self, req: PutRequest) -> PutResponse {
         if let Some(f) = &self.file {
             sync_page(f);
         }
-        Self::put_response()
+        self.put_done(req)
     }
 
-    fn put_response() -> PutResponse {
+    /// A put made durable: its revision, and its event to the watchers of its key.
+    fn put_done(&self, req: PutRequest) -> PutResponse {
         PutResponse {
-            header: Self::header(),
+            header: Self::header(self.hub.put(req.key, req.value)),
             ..Default::default()
         }
     }
 
     fn range(&self) -> RangeResponse {
         RangeResponse {
-            header: Self::header(),
+            header: Self::header(self.hub.rev()),
             ..Default::default()
         }
     }
@@ -214,8 +253,8 @@ impl Kv for TonicNoop {
     async fn range(&self, _: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         Ok(Response::new(self.0.range()))
     }
-    async fn put(&self, _: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        Ok(Response::new(self.0.put()))
+    async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        Ok(Response::new(self.0.put(req.into_inner())))
     }
     async fn delete_range(
         &self,
@@ -249,46 +288,39 @@ impl grpc_wire::Unary for Noop {
         msg: Bytes,
         _head: grpc_wire::CallHead<'_>,
     ) -> grpc_wire::UnaryFuture {
-        // Decoded as a real server would, then dropped.
+        // Decoded as a real server would (a range's request then dropped).
         if id == 0 {
             drop(RangeRequest::decode(msg));
             let out = self.range().encode_to_vec();
             return Box::pin(std::future::ready(Ok(Bytes::from(out))));
         }
-        drop(PutRequest::decode(msg.clone()));
+        let req = match PutRequest::decode(msg.clone()) {
+            Ok(req) => req,
+            Err(e) => return Box::pin(std::future::ready(Err(Status::internal(e.to_string())))),
+        };
+        if let Some(group) = &self.group {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            group.waiting.lock().push((req, answer));
+            group.cv.notify_one();
+            return Box::pin(async move {
+                let resp = answered
+                    .await
+                    .map_err(|_| Status::unavailable("noop: no syncer"))?;
+                Ok(Bytes::from(resp.encode_to_vec()))
+            });
+        }
         let Some(peers) = self.peers.clone() else {
-            let out = self.put().encode_to_vec();
+            let out = self.put(req).encode_to_vec();
             return Box::pin(std::future::ready(Ok(Bytes::from(out))));
         };
         // A leader: its followers and its own fsync.
-        let file = self.file.clone();
+        let (file, noop) = (self.file.clone(), self.clone());
         Box::pin(async move {
             peers
                 .replicate(&msg, || file.iter().for_each(|f| sync_page(f)))
                 .await;
-            Ok(Bytes::from(Noop::put_response().encode_to_vec()))
+            Ok(Bytes::from(noop.put_done(req).encode_to_vec()))
         })
-    }
-}
-
-/// Everything but Range and Put: UNIMPLEMENTED.
-#[derive(Debug, Clone)]
-struct Unimplemented;
-
-impl tower_service::Service<http::Request<grpc_wire::RecvBody>> for Unimplemented {
-    type Response = http::Response<String>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<http::Response<String>, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: http::Request<grpc_wire::RecvBody>) -> Self::Future {
-        std::future::ready(Ok(Status::unimplemented("noop").into_http()))
     }
 }
 
@@ -318,12 +350,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let hub = Arc::new(watch::Hub::new());
     rt.block_on(async move {
         // SIGTERM ends it through `exit`, as it ends kvd: what runs at exit runs (a counting
-        // build's profile, tests/tools/pgo-build.sh).
+        // build's profile, tests/tools/pgo-build.sh). What its watchers were sent goes to
+        // stderr.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let watched = hub.clone();
         tokio::spawn(async move {
             term.recv().await;
+            eprintln!("{}", watched.summary());
             std::process::exit(0)
         });
         if let (Ok(addr), Some(file)) = (std::env::var("NOOP_PEER_LISTEN"), &file) {
@@ -334,13 +370,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(addrs) => Some(Arc::new(Peers::connect(&addrs).await?)),
             Err(_) => None,
         };
-        let noop = Arc::new(Noop { file, peers });
+        let mut noop = Noop {
+            file,
+            peers,
+            hub: hub.clone(),
+            group: None,
+        };
+        if std::env::var("NOOP_FSYNC").is_ok_and(|v| v == "group") {
+            if let Some(file) = noop.file.take() {
+                let group = Arc::new(Group::default());
+                let (g, n) = (group.clone(), noop.clone());
+                std::thread::spawn(move || g.sync_forever(&n, &file));
+                noop.group = Some(group);
+            }
+        }
+        let noop = Arc::new(noop);
+        let watch = watch::WatchServer(hub);
         let l = tokio::net::TcpListener::bind(&client).await?;
         if tonic_stack {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(l)
                 .map(|s| s.inspect(|s| drop(s.set_nodelay(true))));
             tonic::transport::Server::builder()
                 .add_service(KvServer::new(TonicNoop(noop)))
+                .add_service(watch)
                 .serve_with_incoming(incoming)
                 .await?;
             return Ok(());
@@ -350,7 +402,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         loop {
             let (mut sock, _) = l.accept().await?;
             sock.set_nodelay(true)?;
-            let (cfg, unary) = (cfg.clone(), unary.clone());
+            let (cfg, unary, watch) = (cfg.clone(), unary.clone(), watch.clone());
             tokio::spawn(async move {
                 if let Ok((grpc_wire::Protocol::Http2, first)) = grpc_wire::sniff(&mut sock).await {
                     let never = std::future::pending();
@@ -359,7 +411,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         &first,
                         cfg,
                         unary,
-                        Unimplemented,
+                        watch,
                         Default::default(),
                         never,
                     )
