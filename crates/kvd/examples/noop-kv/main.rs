@@ -27,8 +27,10 @@
 //! once, with nothing stored: the floor under a watch fan-out (`tests/tools/watch-floor.sh`).
 //! With `NOOP_FSYNC=group` a thread makes puts durable together, as a server does its
 //! concurrent writes: it takes every put waiting, does the one `fdatasync`, then answers them
-//! and hands out their events (the grpc-wire stack only).
+//! and hands out their events (the grpc-wire stack only); three of them, given each other's
+//! addresses, make a cluster whose every member serves clients (`log.rs`).
 
+mod log;
 mod watch;
 
 use std::os::unix::fs::FileExt;
@@ -53,33 +55,9 @@ struct Noop {
     /// The revision, and the Watch streams a put's event goes to.
     hub: Arc<watch::Hub>,
     /// With `NOOP_FSYNC=group`: the puts waiting for the syncing thread.
-    group: Option<Arc<Group>>,
-}
-
-/// Puts waiting for the one fsync that makes them durable together, and their answers' way back.
-#[derive(Debug, Default)]
-struct Group {
-    waiting: parking_lot::Mutex<Vec<(PutRequest, tokio::sync::oneshot::Sender<PutResponse>)>>,
-    cv: parking_lot::Condvar,
-}
-
-impl Group {
-    /// The syncing thread: every put waiting, one fsync, then their answers and events.
-    fn sync_forever(&self, noop: &Noop, file: &std::fs::File) {
-        loop {
-            let puts = {
-                let mut waiting = self.waiting.lock();
-                while waiting.is_empty() {
-                    self.cv.wait(&mut waiting);
-                }
-                std::mem::take(&mut *waiting)
-            };
-            sync_page(file);
-            for (req, answer) in puts {
-                let _ = answer.send(noop.put_done(req));
-            }
-        }
-    }
+    group: Option<Arc<log::Group>>,
+    /// A follower serving clients: the way to the leader for their puts (`log.rs`).
+    forward: Option<Arc<log::Forwarder>>,
 }
 
 /// A no-op leader's followers: the sending halves of their connections (locked together, so
@@ -120,23 +98,28 @@ fn sync_page(f: &std::fs::File) {
     f.sync_data().expect("fdatasync");
 }
 
+/// Connects to `addr` (retrying for 5 s while it starts), without Nagle's delay.
+async fn dial(addr: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let mut tries = 0;
+    let sock = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => break s,
+            Err(_) if tries < 100 => tries += 1,
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    sock.set_nodelay(true)?;
+    Ok(sock)
+}
+
 impl Peers {
     /// Connects to each follower (retrying while they start) and counts their answers.
     async fn connect(addrs: &str) -> std::io::Result<Peers> {
         let (acked, _) = tokio::sync::watch::channel(0);
         let mut out = Vec::new();
         for addr in addrs.split(',') {
-            let mut tries = 0;
-            let sock = loop {
-                match tokio::net::TcpStream::connect(addr).await {
-                    Ok(s) => break s,
-                    Err(_) if tries < 100 => tries += 1,
-                    Err(e) => return Err(e),
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            };
-            sock.set_nodelay(true)?;
-            let (mut rd, wr) = sock.into_split();
+            let (mut rd, wr) = dial(addr).await?.into_split();
             out.push(wr);
             let acked = acked.clone();
             tokio::spawn(async move {
@@ -298,16 +281,12 @@ impl grpc_wire::Unary for Noop {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(Status::internal(e.to_string())))),
         };
+        // With a log (`NOOP_FSYNC=group`): a follower forwards the put, a leader queues it.
+        if let Some(leader) = &self.forward {
+            return answered_by_log(leader.forward(&msg));
+        }
         if let Some(group) = &self.group {
-            let (answer, answered) = tokio::sync::oneshot::channel();
-            group.waiting.lock().push((req, answer));
-            group.cv.notify_one();
-            return Box::pin(async move {
-                let resp = answered
-                    .await
-                    .map_err(|_| Status::unavailable("noop: no syncer"))?;
-                Ok(Bytes::from(resp.encode_to_vec()))
-            });
+            return answered_by_log(group.submit(req));
         }
         let Some(peers) = self.peers.clone() else {
             let out = self.put(req).encode_to_vec();
@@ -322,6 +301,50 @@ impl grpc_wire::Unary for Noop {
             Ok(Bytes::from(noop.put_done(req).encode_to_vec()))
         })
     }
+}
+
+/// A put's answer from the log, encoded.
+fn answered_by_log(
+    answered: tokio::sync::oneshot::Receiver<PutResponse>,
+) -> grpc_wire::UnaryFuture {
+    Box::pin(async move {
+        let resp = answered
+            .await
+            .map_err(|_| Status::unavailable("noop: no log"))?;
+        Ok(Bytes::from(resp.encode_to_vec()))
+    })
+}
+
+/// `NOOP_FSYNC=group`: the syncing thread, and a three-member no-op's log (`log.rs`): a
+/// follower's (`NOOP_LOG_LISTEN`, `NOOP_LEADER`) or a leader's (`NOOP_LOG_PEERS`,
+/// `NOOP_FORWARD_LISTEN`).
+async fn start_log(noop: &mut Noop, file: Arc<std::fs::File>) -> std::io::Result<()> {
+    if let Ok(addr) = std::env::var("NOOP_LOG_LISTEN") {
+        let n = noop.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = log::follow_forever(&addr, &n, &file) {
+                eprintln!("noop-kv: the log on {addr}: {e}");
+                std::process::exit(1);
+            }
+        });
+        let leader = std::env::var("NOOP_LEADER").map_err(std::io::Error::other)?;
+        noop.forward = Some(log::Forwarder::connect(&leader).await?);
+        return Ok(());
+    }
+    let followers = match std::env::var("NOOP_LOG_PEERS") {
+        Ok(addrs) => Some(tokio::task::block_in_place(|| {
+            log::Followers::connect(&addrs)
+        })?),
+        Err(_) => None,
+    };
+    let group = Arc::new(log::Group::default());
+    let (g, n) = (group.clone(), noop.clone());
+    std::thread::spawn(move || g.sync_forever(&n, &file, followers));
+    if let Ok(addr) = std::env::var("NOOP_FORWARD_LISTEN") {
+        tokio::spawn(log::serve_forwarded(addr, group.clone()));
+    }
+    noop.group = Some(group);
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -375,13 +398,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             peers,
             hub: hub.clone(),
             group: None,
+            forward: None,
         };
         if std::env::var("NOOP_FSYNC").is_ok_and(|v| v == "group") {
             if let Some(file) = noop.file.take() {
-                let group = Arc::new(Group::default());
-                let (g, n) = (group.clone(), noop.clone());
-                std::thread::spawn(move || g.sync_forever(&n, &file));
-                noop.group = Some(group);
+                start_log(&mut noop, file).await?;
             }
         }
         let noop = Arc::new(noop);
