@@ -195,6 +195,10 @@ impl Stream {
 
     fn behind(&mut self) -> bool {
         let end = self.end();
+        if self.watchers.is_empty() {
+            // Nobody to hand them to: the log keeps nothing.
+            self.trim();
+        }
         self.watchers.iter().any(|w| w.pos < end)
     }
 
