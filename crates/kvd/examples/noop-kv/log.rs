@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::etcdserverpb::{PutRequest, PutResponse};
+use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
+use prost::encoding::encode_varint;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -31,18 +33,19 @@ use crate::{sync_page, Noop};
 
 type Answer = oneshot::Sender<PutResponse>;
 
-/// Puts waiting for the one fsync that makes them durable together, and their answers' way back.
+/// Puts waiting for the one fsync that makes them durable together — each as it came (its
+/// bytes, which the followers are sent) and decoded — and their answers' way back.
 #[derive(Debug, Default)]
 pub(crate) struct Group {
-    waiting: Mutex<Vec<(PutRequest, Answer)>>,
+    waiting: Mutex<Vec<(Bytes, PutRequest, Answer)>>,
     cv: Condvar,
 }
 
 impl Group {
     /// Queues a put; answered once it is durable (on a majority, with followers).
-    pub(crate) fn submit(&self, req: PutRequest) -> oneshot::Receiver<PutResponse> {
+    pub(crate) fn submit(&self, msg: Bytes, req: PutRequest) -> oneshot::Receiver<PutResponse> {
         let (answer, answered) = oneshot::channel();
-        self.waiting.lock().push((req, answer));
+        self.waiting.lock().push((msg, req, answer));
         self.cv.notify_one();
         answered
     }
@@ -67,9 +70,9 @@ impl Group {
             let sent = followers.as_mut().map(|f| {
                 frame.clear();
                 frame.extend_from_slice(&[0; 4]);
-                for (req, _) in &puts {
-                    req.encode_length_delimited(&mut frame)
-                        .expect("a Vec grows");
+                for (msg, _, _) in &puts {
+                    encode_varint(msg.len() as u64, &mut frame);
+                    frame.extend_from_slice(msg);
                 }
                 let len = u32::try_from(frame.len() - 4).expect("a batch under 4 GiB");
                 frame[..4].copy_from_slice(&len.to_be_bytes());
@@ -79,7 +82,7 @@ impl Group {
             if let (Some(f), Some(n)) = (&followers, sent) {
                 f.wait(n);
             }
-            for (req, answer) in puts {
+            for (_, req, answer) in puts {
                 let _ = answer.send(noop.put_done(req));
             }
         }
@@ -257,16 +260,16 @@ pub(crate) async fn serve_forwarded(addr: String, group: Arc<Group>) -> std::io:
                 }
             });
             let mut rd = tokio::io::BufReader::new(rd);
-            let mut msg = Vec::new();
             while let (Ok(id), Ok(len)) = (rd.read_u64().await, rd.read_u32().await) {
-                msg.resize(len as usize, 0);
+                let mut msg = vec![0; len as usize];
                 if rd.read_exact(&mut msg).await.is_err() {
                     return;
                 }
-                let Ok(req) = PutRequest::decode(msg.as_slice()) else {
+                let msg = Bytes::from(msg);
+                let Ok(req) = PutRequest::decode(msg.clone()) else {
                     return;
                 };
-                let answered = group.submit(req);
+                let answered = group.submit(msg, req);
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     if let Ok(resp) = answered.await {

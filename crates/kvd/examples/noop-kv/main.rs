@@ -286,7 +286,7 @@ impl grpc_wire::Unary for Noop {
             return answered_by_log(leader.forward(&msg));
         }
         if let Some(group) = &self.group {
-            return answered_by_log(group.submit(req));
+            return answered_by_log(group.submit(msg, req));
         }
         let Some(peers) = self.peers.clone() else {
             let out = self.put(req).encode_to_vec();
