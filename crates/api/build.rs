@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "etcd/api/etcdserverpb/rpc.proto",
         "etcd/server/etcdserver/api/v3lock/v3lockpb/v3lock.proto",
         "etcd/server/etcdserver/api/v3election/v3electionpb/v3election.proto",
+        "etcd/server/lease/leasepb/lease.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());

@@ -36,6 +36,11 @@ pub mod v3electionpb {
     include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
+/// `leasepb`: the lease record etcd keeps in its data file's `lease` bucket.
+pub mod leasepb {
+    tonic::include_proto!("leasepb");
+}
+
 /// The shape of every message above, generated from `proto/` with the code: what reading
 /// JSON as protobuf's JSON mapping does (the gateway checks a request's JSON against it, to
 /// refuse it in etcd's words).

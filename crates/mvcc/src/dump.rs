@@ -188,15 +188,7 @@ pub fn restore_file(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io:
 }
 
 fn build(data: &mut dyn Read, dst: &Path, opts: &StoreOptions) -> io::Result<()> {
-    let db = pager::Db::open(
-        dst,
-        pager::Options {
-            freelist: opts.freelist,
-            fill_percent: 1.0,
-            ..Default::default()
-        },
-    )
-    .map_err(io::Error::other)?;
+    let db = crate::store::open_filled_db(dst, opts).map_err(io::Error::other)?;
     let max_key = db.max_key_len();
     let max_value = 64 << 20;
     let mut f = Frames { r: data, crc: 0 };

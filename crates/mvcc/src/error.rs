@@ -55,6 +55,12 @@ pub enum Error {
     /// The data file holds something mvcc did not write.
     #[error("mvcc: corrupt data in {path}: {reason}")]
     Corrupt { path: String, reason: String },
+    /// An etcd data file that is not readable as bbolt.
+    #[error(transparent)]
+    EtcdFile(#[from] bbolt::Error),
+    /// A bbolt file that holds something etcd does not write.
+    #[error("{path}: not etcd's data: {reason}")]
+    NotEtcd { path: String, reason: String },
     /// An earlier storage failure stopped the store; reopen it.
     #[error("mvcc: the store stopped after a storage failure: {0}")]
     Stopped(String),

@@ -45,18 +45,29 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// The persisted form: TTL and checkpointed remaining TTL.
-    pub(crate) fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&self.ttl.to_be_bytes());
-        b[8..].copy_from_slice(&self.remaining.to_be_bytes());
-        b
+    /// The persisted form: etcd's `leasepb.Lease` (id, TTL, checkpointed remaining TTL).
+    pub(crate) fn encode(&self, id: LeaseId) -> Vec<u8> {
+        prost::Message::encode_to_vec(&api::leasepb::Lease {
+            id: id.0,
+            ttl: self.ttl,
+            remaining_ttl: self.remaining,
+        })
     }
 
+    /// A persisted lease: etcd's form, or the 16 bytes (TTL and remaining TTL, big-endian)
+    /// kvd wrote before it kept etcd's. The two never look alike: a protobuf message does not
+    /// start with a zero byte, and a TTL below 2^56 seconds does.
     pub(crate) fn decode(v: &[u8]) -> Option<Lease> {
-        let v: &[u8; 16] = v.try_into().ok()?;
-        let ttl = i64::from_be_bytes(v[..8].try_into().ok()?);
-        let remaining = i64::from_be_bytes(v[8..].try_into().ok()?);
+        let (ttl, remaining) = match v {
+            [0, ..] if v.len() == 16 => (
+                i64::from_be_bytes(v[..8].try_into().ok()?),
+                i64::from_be_bytes(v[8..].try_into().ok()?),
+            ),
+            _ => {
+                let l: api::leasepb::Lease = prost::Message::decode(v).ok()?;
+                (l.ttl, l.remaining_ttl)
+            }
+        };
         Some(Lease {
             ttl,
             remaining,
@@ -82,7 +93,7 @@ pub(crate) struct Lessor {
     /// Whether this member runs expiry clocks.
     primary: bool,
     /// Leases granted, changed or revoked since the last flush (None = revoked).
-    pub(crate) dirty: BTreeMap<LeaseId, Option<[u8; 16]>>,
+    pub(crate) dirty: BTreeMap<LeaseId, Option<Vec<u8>>>,
     /// The smallest TTL a grant gets (etcd: 1.5 election timeouts, rounded up; 2 s by default).
     pub(crate) min_ttl: i64,
 }
@@ -158,7 +169,7 @@ impl Writer<'_> {
             lease.refresh(Instant::now(), Duration::ZERO);
         }
         let ttl = lease.ttl;
-        le.dirty.insert(id, Some(lease.encode()));
+        le.dirty.insert(id, Some(lease.encode(id)));
         le.leases.insert(id, lease);
         Ok(LeaseGrantResponse {
             header: header(rev),
@@ -199,7 +210,7 @@ impl Writer<'_> {
         let mut le = self.inner().lessor.lock();
         let lease = le.leases.get_mut(&id).ok_or(Error::LeaseNotFound)?;
         lease.remaining = remaining;
-        let enc = lease.encode();
+        let enc = lease.encode(id);
         le.dirty.insert(id, Some(enc));
         Ok(())
     }

@@ -23,6 +23,7 @@ mod auth;
 mod downgrade;
 pub mod dump;
 mod error;
+pub mod etcd_file;
 mod hash;
 mod index;
 mod kv;

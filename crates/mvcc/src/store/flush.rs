@@ -5,8 +5,8 @@ use std::sync::{Arc, Weak};
 
 use super::compaction::CompactJob;
 use super::layout::{
-    ALARM_BUCKET, CONSISTENT_INDEX, FINISHED_COMPACT, KEY_BUCKET, LEASE_BUCKET, META_BUCKET,
-    SCHEDULED_COMPACT, TERM,
+    compact_rev_value, ALARM_BUCKET, CLUSTER_BUCKET, CONSISTENT_INDEX, FINISHED_COMPACT,
+    KEY_BUCKET, LEASE_BUCKET, META_BUCKET, SCHEDULED_COMPACT, TERM,
 };
 use super::open::{Applied, Inner};
 use super::pending::Pending;
@@ -43,7 +43,7 @@ pub fn init_metrics() {
 /// What a flush writes besides revisions: lease, alarm, auth and downgrade changes.
 #[derive(Clone, Copy)]
 pub(super) struct Side<'a> {
-    pub(super) leases: &'a std::collections::BTreeMap<ids::LeaseId, Option<[u8; 16]>>,
+    pub(super) leases: &'a std::collections::BTreeMap<ids::LeaseId, Option<Vec<u8>>>,
     pub(super) alarms: &'a std::collections::BTreeMap<(ids::MemberId, i32), bool>,
     pub(super) auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
     pub(super) downgrade: Option<&'a api::etcdserverpb::DowngradeInfo>,
@@ -189,19 +189,24 @@ impl Inner {
             let mut meta = tx.bucket(META_BUCKET)?;
             meta.put(CONSISTENT_INDEX, &(applied.index.0 as i64).to_be_bytes())?;
             meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
-            if let Some(d) = side.downgrade {
-                meta.put(crate::downgrade::KEY, &prost::Message::encode_to_vec(d))?;
+            if side.downgrade.is_some() {
+                // Kept in the cluster bucket now (below).
+                meta.delete(crate::downgrade::KEY)?;
             }
             if let Some(t) = new_compaction {
-                meta.put(SCHEDULED_COMPACT, &t.to_be_bytes())?;
+                meta.put(SCHEDULED_COMPACT, compact_rev_value(t).as_bytes())?;
                 *job = Some(CompactJob::new(t));
             }
+        }
+        if let Some(d) = side.downgrade {
+            tx.bucket(CLUSTER_BUCKET)?
+                .put(crate::downgrade::KEY, &crate::downgrade::encode(d))?;
         }
         let mut finished = None;
         if let Some(j) = job.as_mut() {
             if self.compact_step(j, &mut tx)? {
                 tx.bucket(META_BUCKET)?
-                    .put(FINISHED_COMPACT, &j.target.to_be_bytes())?;
+                    .put(FINISHED_COMPACT, compact_rev_value(j.target).as_bytes())?;
                 finished = Some(j.target);
             }
         }

@@ -28,8 +28,8 @@ mod recovery;
 mod write;
 
 pub use flush::init_metrics;
-pub(crate) use layout::{ALARM_BUCKET, KEY_BUCKET, META_BUCKET};
-pub(crate) use open::Inner;
+pub(crate) use layout::{compact_rev_value, ALARM_BUCKET, CLUSTER_BUCKET, KEY_BUCKET, META_BUCKET};
+pub(crate) use open::{open_filled_db, Inner};
 pub use open::{Applied, Defragmented, Store, StoreOptions};
 pub(crate) use read::Reader;
 pub use read::{RangeOptions, RangeResult, Snapshot};

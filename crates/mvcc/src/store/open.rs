@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::compaction::CompactJob;
 use super::flush::flush_loop;
-use super::layout::{ALARM_BUCKET, KEY_BUCKET, LEASE_BUCKET, META_BUCKET};
+use super::layout::{ALARM_BUCKET, CLUSTER_BUCKET, KEY_BUCKET, LEASE_BUCKET, META_BUCKET};
 use super::pending::{Pending, View};
 use super::read::Snapshot;
 use super::recovery::{restore, Recovered};
@@ -142,6 +142,18 @@ pub(super) fn open_db(path: &Path, opts: &StoreOptions) -> Result<pager::Db> {
     )?)
 }
 
+/// A new pager file filled in key order (a restore, an import): its pages packed full.
+pub(crate) fn open_filled_db(path: &Path, opts: &StoreOptions) -> Result<pager::Db> {
+    Ok(pager::Db::open(
+        path,
+        pager::Options {
+            freelist: opts.freelist,
+            fill_percent: 1.0,
+            ..Default::default()
+        },
+    )?)
+}
+
 impl Store {
     /// Opens (or creates) the store in the pager file at `path`, rebuilding the index from it.
     pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
@@ -154,6 +166,7 @@ impl Store {
                 META_BUCKET,
                 LEASE_BUCKET,
                 ALARM_BUCKET,
+                CLUSTER_BUCKET,
                 crate::auth::AUTH_BUCKET,
                 crate::auth::USERS_BUCKET,
                 crate::auth::ROLES_BUCKET,

@@ -7,8 +7,8 @@ use std::path::Path;
 use ids::{LeaseId, RaftIndex};
 
 use super::layout::{
-    be_i64, corrupt, CONSISTENT_INDEX, FINISHED_COMPACT, KEY_BUCKET, LEASE_BUCKET, META_BUCKET,
-    SCHEDULED_COMPACT, TERM,
+    be_i64, compact_rev, corrupt, CONSISTENT_INDEX, FINISHED_COMPACT, KEY_BUCKET, LEASE_BUCKET,
+    META_BUCKET, SCHEDULED_COMPACT, TERM,
 };
 use super::open::Applied;
 use crate::error::Result;
@@ -35,19 +35,20 @@ pub(super) struct Recovered {
 pub(super) fn restore(db: &pager::Db, path: &Path, release_every: usize) -> Result<Recovered> {
     let tx = db.begin_read()?;
     let meta = tx.bucket(META_BUCKET)?;
-    let read_i64 = |k: &[u8]| -> Result<Option<i64>> {
+    // A meta value, parsed by `parse`; `what` it should be, for the error.
+    let read = |k: &[u8], parse: fn(&[u8]) -> Option<i64>, what: &str| -> Result<Option<i64>> {
         match meta.get(k)? {
             None => Ok(None),
-            Some(v) => be_i64(v).map(Some).ok_or_else(|| {
-                corrupt(
-                    path,
-                    format!("meta value {} is not 8 bytes", String::from_utf8_lossy(k)),
-                )
+            Some(v) => parse(v).map(Some).ok_or_else(|| {
+                let k = String::from_utf8_lossy(k);
+                corrupt(path, format!("meta value {k} is not {what}"))
             }),
         }
     };
-    let compacted = read_i64(FINISHED_COMPACT)?.unwrap_or(-1);
-    let scheduled = read_i64(SCHEDULED_COMPACT)?.unwrap_or(-1);
+    let read_i64 = |k: &[u8]| read(k, be_i64, "8 bytes");
+    let read_rev = |k: &[u8]| read(k, compact_rev, "a revision");
+    let compacted = read_rev(FINISHED_COMPACT)?.unwrap_or(-1);
+    let scheduled = read_rev(SCHEDULED_COMPACT)?.unwrap_or(-1);
     let applied = Applied {
         index: RaftIndex(read_i64(CONSISTENT_INDEX)?.map_or(0, |v| v as u64)),
         term: read_i64(TERM)?.map_or(0, |v| v as u64),
