@@ -21,8 +21,9 @@ fn main() -> io::Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
-    let sets: [(&str, Seeds); 7] = [
+    let sets: [(&str, Seeds); 8] = [
         ("pager_open", pager_files()?),
+        ("bbolt_open", bbolt_files()?),
         ("wal_open", wal_segments()?),
         ("http2_conn", http2_streams()?),
         ("gateway_json", gateway_bodies()),
@@ -97,6 +98,37 @@ fn pager_files() -> io::Result<Seeds> {
             db.close().map_err(other)?;
             out.push(shortest_that_opens(&path, page_size as usize)?);
         }
+    }
+    Ok(out)
+}
+
+/// etcd-shaped bbolt files as kvd writes them, with 1024-byte pages: empty buckets; revisions,
+/// leases and meta keys; values spilling to overflow pages; enough keys for branch pages.
+/// (The corpus also keeps `etcd-3.6-snapshot`, a snapshot saved from etcd 3.6.5, for the
+/// inline buckets and unsynced freelist of files bbolt itself writes.)
+fn bbolt_files() -> io::Result<Seeds> {
+    let mut out = Vec::new();
+    for (n, size) in [(0u32, 0usize), (5, 20), (3, 3000), (300, 30)] {
+        let mut feed = |s: &mut bbolt::Sink<'_>| -> Result<(), bbolt::Error> {
+            for name in ["key", "lease", "meta"] {
+                s.bucket(name.as_bytes())?;
+                for i in 0..n {
+                    let k = match name {
+                        "key" => mvcc::Rev::new(i64::from(i) + 2, 0)
+                            .to_key(false)
+                            .as_bytes()
+                            .to_vec(),
+                        _ => (u64::from(i) + 1).to_be_bytes().to_vec(),
+                    };
+                    s.put(&k, &vec![i as u8; size])?;
+                }
+            }
+            Ok(())
+        };
+        let layout = bbolt::plan(1024, &mut feed).map_err(other)?;
+        let mut file = Vec::new();
+        bbolt::write(&layout, &mut file, &mut feed).map_err(other)?;
+        out.push(file);
     }
     Ok(out)
 }

@@ -34,6 +34,38 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: ProxyCmd,
     },
+    /// Defragments a stopped member's data file, etcd's or kvd's (etcdutl's `defrag`).
+    Defrag {
+        /// The data directory (its `member/snap/db`).
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// The KV history hash of a stopped member's data file, etcd's or kvd's, as `etcdctl
+    /// endpoint hashkv` gives it for a running one (etcdutl's `hashkv`).
+    Hashkv(HashkvFlags),
+}
+
+/// etcdutl's output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteOut {
+    Simple,
+    Table,
+    Json,
+    Fields,
+}
+
+#[derive(Debug, Args)]
+pub struct HashkvFlags {
+    /// The data file (`member/snap/db`, or a snapshot); or give --data-dir.
+    pub file: Option<PathBuf>,
+    /// The data directory whose `member/snap/db` to hash.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The revision to hash up to (0: the newest).
+    #[arg(long, default_value_t = 0)]
+    pub rev: i64,
+    #[arg(long, short = 'w', value_enum, default_value = "simple")]
+    pub write_out: WriteOut,
 }
 
 #[derive(Debug, Subcommand)]
@@ -179,9 +211,18 @@ pub struct ProxyFlags {
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCmd {
-    /// Builds a new member's data directory from a snapshot file (`etcdctl snapshot save`):
-    /// the keys and their history, in a new cluster of the members given.
+    /// Builds a new member's data directory from a snapshot file — etcd's (`etcdctl snapshot
+    /// save` against etcd or kvd, or a member's `member/snap/db` with --skip-hash-check) or
+    /// kvd's earlier format: the keys, their history and leases, users and roles, in a new
+    /// cluster of the members given (etcdutl's `snapshot restore`).
     Restore(Box<RestoreFlags>),
+    /// Prints a snapshot file's hash, revision, keys, size and storage version (etcdutl's
+    /// `snapshot status`).
+    Status {
+        file: PathBuf,
+        #[arg(long, short = 'w', value_enum, default_value = "simple")]
+        write_out: WriteOut,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +240,24 @@ pub struct RestoreFlags {
     pub initial_cluster_token: String,
     #[arg(long, default_value = "http://localhost:2380")]
     pub initial_advertise_peer_urls: String,
+    /// Do not check the SHA-256 the file ends with (a member's db file has none).
+    #[arg(long)]
+    pub skip_hash_check: bool,
+    /// Raise the newest revision by this much (with --mark-compacted), so that clients that
+    /// watched the old cluster see their revisions compacted rather than reused.
+    #[arg(long, default_value_t = 0)]
+    pub bump_revision: u64,
+    /// Mark the raised revision compacted (required with --bump-revision, refused without).
+    #[arg(long)]
+    pub mark_compacted: bool,
+    /// etcdutl's: the initial memory map size; kvd maps its file as it grows, so it is not
+    /// used.
+    #[arg(long, default_value_t = 0)]
+    pub initial_memory_map_size: u64,
+    /// etcdutl's: a WAL directory apart from the data directory; kvd keeps its WAL in the
+    /// data directory, so it is refused.
+    #[arg(long, default_value = "")]
+    pub wal_dir: String,
     /// etcdctl's global TLS flags, accepted as `etcdctl snapshot restore` (etcd 3.5) took
     /// them: a restore reads the file and contacts no server, so they are not used.
     #[arg(long, default_value = "")]

@@ -11,18 +11,18 @@ mod peer_port;
 mod plan;
 mod proxy;
 mod tls;
+mod tools;
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use client_port::{Port, Traffic};
-use config::{Cli, Cmd, ProxyCmd, RestoreFlags, ServeFlags, SnapshotCmd};
+use config::{Cli, Cmd, ProxyCmd, ServeFlags, SnapshotCmd};
 use consensus::grpc::{GrpcTransport, PeerService};
 use consensus::RaftNode;
-use plan::{initial_cluster, plan, same_urls};
+use plan::plan;
 use rpc::{Backend, Core, KvStateMachine};
 use tokio::sync::watch;
 
@@ -61,9 +61,12 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let r = match cli.cmd {
-        Some(Cmd::Snapshot {
-            cmd: SnapshotCmd::Restore(f),
-        }) => restore(&f),
+        Some(Cmd::Snapshot { cmd }) => offline(|| match cmd {
+            SnapshotCmd::Restore(f) => tools::restore(&f),
+            SnapshotCmd::Status { file, write_out } => tools::status(&file, write_out),
+        }),
+        Some(Cmd::Defrag { data_dir }) => offline(|| tools::defrag(&data_dir)),
+        Some(Cmd::Hashkv(f)) => offline(|| tools::hashkv(&f)),
         Some(Cmd::GrpcProxy {
             cmd: ProxyCmd::Start(f),
         }) => proxy::run(&f),
@@ -80,6 +83,12 @@ fn main() -> ExitCode {
 }
 
 type Result<T, E = String> = std::result::Result<T, E>;
+
+/// Runs an offline tool, logging as text.
+fn offline(tool: impl FnOnce() -> Result<(), tools::ToolError>) -> Result<()> {
+    init_logging("info", "text")?;
+    tool().map_err(|e| e.to_string())
+}
 
 fn init_logging(level: &str, format: &str) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
@@ -267,62 +276,4 @@ fn serve(f: ServeFlags) -> Result<()> {
 /// 157-173 us, with put100, range-l and range-s unchanged within noise (docs/measurements.md).
 fn runtime_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
-}
-
-fn restore(f: &RestoreFlags) -> Result<()> {
-    init_logging("info", "text")?;
-    let data_dir = if f.data_dir.is_empty() {
-        PathBuf::from(format!("{}.kvd", f.name))
-    } else {
-        PathBuf::from(&f.data_dir)
-    };
-    if data_dir.exists() {
-        return Err(format!(
-            "data-dir {:?} exists; restore into a new directory",
-            data_dir.display()
-        ));
-    }
-    // As etcdutl's: the member must be in the cluster it will bootstrap. The raft log starts
-    // afresh when the member first starts (with these same flags); the restored store's
-    // applied index is reset to match.
-    let peer_urls = config::urls(&f.initial_advertise_peer_urls);
-    let initial = initial_cluster(&f.initial_cluster, &f.name, &peer_urls);
-    let members = consensus::parse_initial_cluster(&initial, &f.initial_cluster_token)
-        .map_err(|e| e.to_string())?;
-    if !members
-        .iter()
-        .any(|m| m.name == f.name && same_urls(&m.peer_urls, &peer_urls))
-    {
-        return Err(format!(
-            "--initial-cluster {initial} has no member {:?} at --initial-advertise-peer-urls {}",
-            f.name, f.initial_advertise_peer_urls
-        ));
-    }
-    rpc::check_snapshot_file(&f.file).map_err(|e| format!("restore: {e}"))?;
-    let mut file = std::fs::File::open(&f.file)
-        .map_err(|e| format!("snapshot file {}: {e}", f.file.display()))?;
-    let snap_dir = data_dir.join("member").join("snap");
-    std::fs::create_dir_all(&snap_dir).map_err(|e| format!("{}: {e}", snap_dir.display()))?;
-    let r = restore_into(&mut file, &snap_dir.join("db"));
-    if let Err(e) = r {
-        let _ = std::fs::remove_dir_all(&data_dir);
-        return Err(e);
-    }
-    println!(
-        "restored snapshot {} into {}",
-        f.file.display(),
-        data_dir.display()
-    );
-    Ok(())
-}
-
-fn restore_into(file: &mut std::fs::File, db: &Path) -> Result<()> {
-    let opts = mvcc::StoreOptions::default();
-    mvcc::dump::restore_file(file, db, &opts).map_err(|e| format!("restore: {e}"))?;
-    let store = mvcc::Store::open(db, opts).map_err(|e| format!("restore: {e}"))?;
-    {
-        let mut w = store.write().map_err(|e| e.to_string())?;
-        w.set_applied(mvcc::Applied::default());
-    }
-    store.close().map_err(|e| e.to_string())
 }

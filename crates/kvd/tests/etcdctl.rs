@@ -243,7 +243,7 @@ fn snapshot_save_and_kvd_snapshot_restore_rebuild_the_keys_and_their_history() {
     let out = restore(&bad_file, &dir.path().join("bad"));
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("corrupt"),
+        String::from_utf8_lossy(&out.stderr).contains("SHA-256 does not match"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -49,3 +49,9 @@ pub use error::{Error, Result};
 pub use freelist::FreelistKind;
 pub use page::{PageId, TxId};
 pub use tx::{Bucket, BucketMut, ReadTxn, WriteTxn};
+
+/// Whether `head`, a file's first bytes, starts like a pager file (its first meta page's magic);
+/// a cheap look before [`Db::open`], which checks everything.
+pub fn looks_like_pager_file(head: &[u8]) -> bool {
+    head.get(..4) == Some(&meta::MAGIC.to_le_bytes()[..])
+}

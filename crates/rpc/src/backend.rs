@@ -1,6 +1,5 @@
-//! The member's store, replaceable as a whole (a snapshot from the leader swaps it), and etcd's
-//! snapshot file around mvcc's dump ([`mvcc::dump`]): padded to 512 bytes and ending with the
-//! SHA-256 of what precedes it.
+//! The member's store, replaceable as a whole (a snapshot from the leader, mvcc's dump
+//! ([`mvcc::dump`]), swaps it).
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -9,10 +8,6 @@ use std::sync::Arc;
 use mvcc::dump::{restore_file, Dump};
 use mvcc::{Applied, Store, StoreOptions};
 use parking_lot::RwLock;
-
-fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
 
 /// The store of this member; a restore replaces it.
 #[derive(Debug)]
@@ -87,41 +82,6 @@ impl Backend {
 fn sync_dir(path: &Path) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
-/// etcd's snapshot files end with padding to a multiple of 512 bytes and the SHA-256 of
-/// everything before it (etcdctl refuses a stream without it).
-pub const SNAPSHOT_ALIGN: u64 = 512;
-
-/// Checks the SHA-256 trailer of a snapshot file (as `etcdutl snapshot restore` does).
-pub fn check_snapshot_file(path: &Path) -> io::Result<()> {
-    use sha2::{Digest, Sha256};
-    let mut f = std::fs::File::open(path)?;
-    let len = f.metadata()?.len();
-    if len < 32 || len % SNAPSHOT_ALIGN != 32 {
-        return Err(invalid(format!(
-            "{}: no SHA-256 trailer ({len} bytes is not a multiple of {SNAPSHOT_ALIGN} plus 32)",
-            path.display()
-        )));
-    }
-    let mut h = Sha256::new();
-    let mut left = len - 32;
-    let mut buf = vec![0; 1 << 16];
-    while left > 0 {
-        let n = (buf.len() as u64).min(left) as usize;
-        f.read_exact(&mut buf[..n])?;
-        h.update(&buf[..n]);
-        left -= n as u64;
-    }
-    let mut want = [0u8; 32];
-    f.read_exact(&mut want)?;
-    if h.finalize().as_slice() != want {
-        return Err(invalid(format!(
-            "{}: snapshot data is corrupt: its SHA-256 does not match the one it ends with",
-            path.display()
-        )));
     }
     Ok(())
 }

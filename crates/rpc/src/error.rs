@@ -74,7 +74,7 @@ pub(crate) fn mvcc(e: &mvcc::Error) -> Status {
         E::LeaseNotFound => Code::NotFound,
         E::LeaseExists => Code::FailedPrecondition,
         E::EmptyWatcherRange | E::DuplicateWatchId | E::WatcherNotExist => Code::InvalidArgument,
-        E::Storage(_) | E::Corrupt { .. } => Code::DataLoss,
+        E::Storage(_) | E::Corrupt { .. } | E::EtcdFile(_) | E::NotEtcd { .. } => Code::DataLoss,
         E::Stopped(_) => Code::Unavailable,
     };
     Status::new(code, e.to_string())

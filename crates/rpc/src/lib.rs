@@ -22,12 +22,13 @@ mod lease;
 mod maintenance;
 pub mod request;
 pub mod server;
+pub mod snapshot;
 mod watch;
 
 use std::sync::Arc;
 
 pub use apply::KvStateMachine;
-pub use backend::{check_snapshot_file, Backend};
+pub use backend::Backend;
 pub use cluster::to_pb as members_pb;
 pub use compactor::{parse_duration, AutoCompaction, BadAutoCompaction, BadDuration};
 pub use server::{background, published, Core, ServerConfig};

@@ -24,60 +24,6 @@ use crate::error;
 use crate::request::{Op, Response as Applied};
 use crate::server::{Core, ETCD_API_VERSION, STORAGE_VERSION};
 
-/// Bytes per Snapshot response (etcd sends 32 KiB chunks).
-const SNAPSHOT_CHUNK: usize = 32 << 10;
-
-/// A dump as etcd's Snapshot stream carries it: padded to a multiple of 512 bytes, then the
-/// SHA-256 of all that.
-struct Trailed {
-    dump: mvcc::dump::Dump,
-    sha: sha2::Sha256,
-    sent: u64,
-    /// The padding and digest, once the dump is exhausted.
-    tail: Option<(Vec<u8>, usize)>,
-}
-
-impl Trailed {
-    fn new(dump: mvcc::dump::Dump) -> Self {
-        use sha2::Digest;
-        Trailed {
-            dump,
-            sha: sha2::Sha256::new(),
-            sent: 0,
-            tail: None,
-        }
-    }
-
-    fn remaining_hint(&self) -> u64 {
-        self.dump.size_hint.saturating_sub(self.sent).max(1)
-    }
-}
-
-impl Read for Trailed {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use sha2::Digest;
-        if self.tail.is_none() {
-            let n = self.dump.read(out)?;
-            if n > 0 {
-                self.sha.update(&out[..n]);
-                self.sent += n as u64;
-                return Ok(n);
-            }
-            let align = crate::backend::SNAPSHOT_ALIGN;
-            let pad = vec![0u8; ((align - self.sent % align) % align) as usize];
-            self.sha.update(&pad);
-            let mut tail = pad;
-            tail.extend_from_slice(&std::mem::take(&mut self.sha).finalize());
-            self.tail = Some((tail, 0));
-        }
-        let (tail, pos) = self.tail.as_mut().expect("set above");
-        let n = out.len().min(tail.len() - *pos);
-        out[..n].copy_from_slice(&tail[*pos..*pos + n]);
-        *pos += n;
-        Ok(n)
-    }
-}
-
 /// The Maintenance service.
 #[derive(Debug, Clone)]
 pub struct MaintenanceService {
@@ -252,43 +198,23 @@ impl Maintenance for MaintenanceService {
         req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.core.admin(self.core.who(&req).await?.as_ref())?;
-        let backend = self.core.backend.clone();
+        let store = self.core.backend.store();
+        let etcd = crate::snapshot::etcd_meta(&self.core.node.members());
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
-            let fail = |e: std::io::Error| Err(Status::internal(format!("snapshot: {e}")));
-            let mut stream = match backend.dump() {
-                Ok(d) => Trailed::new(d),
-                Err(e) => {
-                    let _ = tx.blocking_send(fail(e));
-                    return;
-                }
-            };
-            loop {
-                let mut blob = vec![0; SNAPSHOT_CHUNK];
-                let mut n = 0;
-                while n < blob.len() {
-                    match stream.read(&mut blob[n..]) {
-                        Ok(0) => break,
-                        Ok(k) => n += k,
-                        Err(e) => {
-                            let _ = tx.blocking_send(fail(e));
-                            return;
-                        }
-                    }
-                }
-                blob.truncate(n);
-                let last = n < SNAPSHOT_CHUNK;
-                // As etcd's: no header, the storage version on every message.
+            // As etcd's: no header, the storage version on every message.
+            let mut send = |blob: Vec<u8>, remaining_bytes: u64| {
                 let resp = SnapshotResponse {
                     header: None,
-                    // The dump's size is known only at its end: an estimate until then.
-                    remaining_bytes: if last { 0 } else { stream.remaining_hint() },
+                    remaining_bytes,
                     blob,
                     version: STORAGE_VERSION.into(),
                 };
-                if tx.blocking_send(Ok(resp)).is_err() || last {
-                    return;
-                }
+                tx.blocking_send(Ok(resp))
+                    .map_err(|_| std::io::Error::other("the client went away"))
+            };
+            if let Err(e) = crate::snapshot::stream(&store, &etcd, &mut send) {
+                let _ = tx.blocking_send(Err(Status::internal(format!("snapshot: {e}"))));
             }
         });
         Ok(Response::new(

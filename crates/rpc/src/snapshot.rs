@@ -1,0 +1,401 @@
+//! Snapshot files. What `etcdctl snapshot save` receives from a member is etcd's: a bbolt file
+//! with etcd's buckets, then the SHA-256 of it (so etcdutl, and every backup tool made for
+//! etcd, reads it). What `kvd snapshot restore` and `kvd snapshot status` read: etcd's
+//! snapshots from etcd 3.4 to 3.7, a member's `member/snap/db` (etcd's or kvd's) copied while
+//! it was stopped, and kvd's earlier snapshot format (`KVDSNAP1`).
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use mvcc::etcd_file::EtcdMeta;
+use mvcc::{Store, StoreOptions};
+use sha2::{Digest, Sha256};
+
+/// etcd's `snapshotSendBufferSize`: bytes per Snapshot response.
+pub const CHUNK: usize = 32 << 10;
+const SHA_LEN: u64 = 32;
+/// etcd's storage version of what kvd writes.
+const STORAGE_VERSION: &str = crate::server::STORAGE_VERSION;
+
+/// What is wrong with a snapshot file.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    /// As etcdutl: a file without the trailer (a copied `member/snap/db`) needs the flag.
+    #[error("snapshot {path}: snapshot missing hash but --skip-hash-check=false (a member's db file copied while stopped has none: give --skip-hash-check)")]
+    NoHash { path: PathBuf },
+    #[error("snapshot {path}: its SHA-256 does not match the one it ends with: the file is damaged or incomplete")]
+    HashMismatch { path: PathBuf },
+    #[error("snapshot {path}: not a snapshot or data file of etcd or kvd")]
+    Unknown { path: PathBuf },
+    #[error("snapshot {path}: {what}")]
+    Unsupported { path: PathBuf, what: &'static str },
+    #[error("snapshot {path}: {source}")]
+    Store { path: PathBuf, source: mvcc::Error },
+}
+
+/// The formats a snapshot file may be in.
+#[derive(Debug)]
+pub enum SnapshotFile {
+    /// etcd's bbolt file (a snapshot, or a member's `db`).
+    Etcd(bbolt::Db),
+    /// A kvd member's store file (its `db`).
+    KvdStore(PathBuf),
+    /// kvd's earlier snapshot format, a dump (its SHA-256 checked).
+    KvdDump(PathBuf),
+}
+
+impl SnapshotFile {
+    /// Opens `path`, checking the SHA-256 it ends with as etcdutl does: a file whose length is
+    /// a multiple of 512 plus 32 has one, checked unless `skip_hash_check`; one without is
+    /// refused unless `skip_hash_check`.
+    pub fn open(path: &Path, skip_hash_check: bool) -> Result<SnapshotFile, SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut f = File::open(path).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        let hashed = len % 512 == SHA_LEN;
+        if !hashed && !skip_hash_check {
+            return Err(SnapshotError::NoHash {
+                path: path.to_path_buf(),
+            });
+        }
+        let data_len = if hashed { len - SHA_LEN } else { len };
+        if hashed && !skip_hash_check {
+            check_sha(&mut f, data_len).map_err(|e| match e {
+                Some(source) => io(source),
+                None => SnapshotError::HashMismatch {
+                    path: path.to_path_buf(),
+                },
+            })?;
+        }
+        let mut head = [0u8; 24];
+        let n = f.read(&mut head).map_err(io)?;
+        let head = &head[..n];
+        if head.starts_with(b"KVDSNAP1") {
+            return Ok(SnapshotFile::KvdDump(path.to_path_buf()));
+        }
+        if pager::looks_like_pager_file(head) {
+            return Ok(SnapshotFile::KvdStore(path.to_path_buf()));
+        }
+        match bbolt::Db::open_prefix(path, data_len) {
+            Ok(db) => Ok(SnapshotFile::Etcd(db)),
+            Err(bbolt::Error::NotBolt { .. }) => Err(SnapshotError::Unknown {
+                path: path.to_path_buf(),
+            }),
+            Err(e) => Err(SnapshotError::Store {
+                path: path.to_path_buf(),
+                source: e.into(),
+            }),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            SnapshotFile::Etcd(db) => db.path(),
+            SnapshotFile::KvdStore(p) | SnapshotFile::KvdDump(p) => p,
+        }
+    }
+
+    /// Builds a store's file at `dst` (which must not exist) from this snapshot; nothing is
+    /// left at `dst` unless it is whole. The store records no consensus position (a restored
+    /// member starts a new log) and keeps no member list (the flags give the new one).
+    pub fn restore(&self, dst: &Path, opts: &StoreOptions) -> Result<(), SnapshotError> {
+        let path = self.path().to_path_buf();
+        let store_err = |source| SnapshotError::Store {
+            path: path.clone(),
+            source,
+        };
+        let r = match self {
+            SnapshotFile::Etcd(db) => mvcc::etcd_file::import(db, dst, opts).map(|_| ()),
+            SnapshotFile::KvdStore(src) => std::fs::copy(src, dst).map(|_| ()).map_err(|e| {
+                mvcc::Error::Storage(pager::Error::Io {
+                    op: "copy",
+                    path: dst.to_path_buf(),
+                    source: e,
+                })
+            }),
+            SnapshotFile::KvdDump(src) => {
+                let mut f = File::open(src).map_err(|e| SnapshotError::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
+                mvcc::dump::restore_file(&mut f, dst, opts).map_err(|e| mvcc::Error::Corrupt {
+                    path: src.display().to_string(),
+                    reason: e.to_string(),
+                })
+            }
+        };
+        let r = r.and_then(|()| {
+            // Opening rebuilds the index: every entry is read and checked once here.
+            let store = Store::open(dst, opts.clone())?;
+            store.write()?.set_applied(mvcc::Applied::default());
+            store.close()
+        });
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(dst);
+            return Err(store_err(e));
+        }
+        Ok(())
+    }
+
+    /// etcdutl's `snapshot status`: a CRC-32C of every bucket's name, keys and values, the
+    /// newest revision, the keys alive at it, the size, and the storage version.
+    pub fn status(&self) -> Result<Status, SnapshotError> {
+        let path = self.path().to_path_buf();
+        let store_err = |source| SnapshotError::Store {
+            path: path.clone(),
+            source,
+        };
+        let mut st = StatusBuilder::default();
+        match self {
+            SnapshotFile::Etcd(db) => {
+                db.check().map_err(|e| store_err(e.into()))?;
+                let mut w = db.walker();
+                for (name, b) in db.buckets().map_err(|e| store_err(e.into()))? {
+                    st.bucket(&name);
+                    w.for_each(&b, &mut |k, item| {
+                        // etcdutl hashes a nested bucket's key with no value.
+                        let v = match item {
+                            bbolt::Item::Value(v) => v,
+                            bbolt::Item::Bucket(_) => &[],
+                        };
+                        st.entry(&name, k, v);
+                        Ok(true)
+                    })
+                    .map_err(|e| store_err(e.into()))?;
+                }
+                st.size = db.size();
+                st.version = match db.bucket(b"meta").map_err(|e| store_err(e.into()))? {
+                    Some(m) => db
+                        .get(&m, b"storageVersion")
+                        .map_err(|e| store_err(e.into()))?
+                        .map(|v| String::from_utf8_lossy(&v).into_owned())
+                        .unwrap_or_default(),
+                    None => String::new(),
+                };
+            }
+            SnapshotFile::KvdStore(p) => {
+                let db = pager::Db::open(p, pager::Options::default())
+                    .map_err(|e| store_err(e.into()))?;
+                let tx = db.begin_read().map_err(|e| store_err(e.into()))?;
+                for name in tx.buckets().map_err(|e| store_err(e.into()))? {
+                    st.bucket(&name);
+                    let b = tx.bucket(&name).map_err(|e| store_err(e.into()))?;
+                    for e in b.iter() {
+                        let (k, v) = e.map_err(|e| store_err(e.into()))?;
+                        st.entry(&name, k, v);
+                    }
+                }
+                st.size = db.file_size();
+                st.version = STORAGE_VERSION.into();
+            }
+            SnapshotFile::KvdDump(_) => {
+                return Err(SnapshotError::Unsupported {
+                    path,
+                    what: "kvd's earlier snapshot format: `kvd snapshot restore` reads it (status reads etcd's format and data files)",
+                })
+            }
+        }
+        Ok(st.finish())
+    }
+}
+
+/// `Some(e)`: reading failed; `None`: the digest does not match.
+fn check_sha(f: &mut File, data_len: u64) -> Result<(), Option<io::Error>> {
+    let mut h = Sha256::new();
+    let mut left = data_len;
+    let mut buf = vec![0; 1 << 20];
+    while left > 0 {
+        let n = (buf.len() as u64).min(left) as usize;
+        f.read_exact(&mut buf[..n]).map_err(Some)?;
+        h.update(&buf[..n]);
+        left -= n as u64;
+    }
+    let mut want = [0u8; SHA_LEN as usize];
+    f.read_exact(&mut want).map_err(Some)?;
+    if h.finalize().as_slice() != want {
+        return Err(None);
+    }
+    use std::io::Seek;
+    f.seek(io::SeekFrom::Start(0)).map_err(Some)?;
+    Ok(())
+}
+
+/// etcdutl's `snapshot status` columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub hash: u32,
+    pub revision: i64,
+    pub total_keys: u64,
+    pub total_size: u64,
+    pub version: String,
+}
+
+#[derive(Default)]
+struct StatusBuilder {
+    hash: u32,
+    revision: i64,
+    live: std::collections::HashSet<Vec<u8>>,
+    size: u64,
+    version: String,
+}
+
+impl StatusBuilder {
+    fn bucket(&mut self, name: &[u8]) {
+        self.hash = crc32c::crc32c_append(self.hash, name);
+    }
+
+    fn entry(&mut self, bucket: &[u8], k: &[u8], v: &[u8]) {
+        self.hash = crc32c::crc32c_append(self.hash, k);
+        self.hash = crc32c::crc32c_append(self.hash, v);
+        if bucket == b"key" {
+            if let Some((r, tombstone)) = mvcc::Rev::from_key(k) {
+                self.revision = r.main;
+                let key = <api::mvccpb::KeyValue as prost::Message>::decode(v)
+                    .map(|kv| kv.key)
+                    .unwrap_or_default();
+                if tombstone {
+                    self.live.remove(&key);
+                } else {
+                    self.live.insert(key);
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Status {
+        Status {
+            hash: self.hash,
+            revision: self.revision,
+            total_keys: self.live.len() as u64,
+            total_size: self.size,
+            version: self.version,
+        }
+    }
+}
+
+/// etcd's JSON of a member, as its `members` bucket holds it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MemberJson {
+    id: u64,
+    #[serde(rename = "peerURLs", default)]
+    peer_urls: Vec<String>,
+    #[serde(
+        rename = "isLearner",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    is_learner: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    name: String,
+    #[serde(rename = "clientURLs", default, skip_serializing_if = "Vec::is_empty")]
+    client_urls: Vec<String>,
+}
+
+/// etcd's JSON of the raft configuration, as its `meta` bucket holds it (`confState`).
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct ConfStateJson {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    voters: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    learners: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    voters_outgoing: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    learners_next: Vec<u64>,
+    #[serde(default)]
+    auto_leave: bool,
+}
+
+/// What etcd's data file holds beside the store, for `members`: the member list, the raft
+/// configuration it makes, and the versions kvd reports.
+pub fn etcd_meta(members: &consensus::Members) -> EtcdMeta {
+    let mut conf = ConfStateJson::default();
+    let mut out = EtcdMeta {
+        storage_version: Some(STORAGE_VERSION.into()),
+        cluster_version: Some(STORAGE_VERSION.into()),
+        ..EtcdMeta::default()
+    };
+    for m in members.iter() {
+        let json = MemberJson {
+            id: m.id.0,
+            peer_urls: m.peer_urls.clone(),
+            is_learner: m.is_learner,
+            name: m.name.clone(),
+            client_urls: m.client_urls.clone(),
+        };
+        out.members.insert(
+            format!("{:x}", m.id.0).into_bytes(),
+            serde_json::to_vec(&json).expect("plain fields encode"),
+        );
+        if m.is_learner {
+            conf.learners.push(m.id.0);
+        } else {
+            conf.voters.push(m.id.0);
+        }
+    }
+    out.conf_state = Some(serde_json::to_vec(&conf).expect("plain fields encode"));
+    out
+}
+
+/// The store as etcd's snapshot, sent to `send` as etcd's Maintenance/Snapshot does: chunks of
+/// [`CHUNK`] bytes, each with the bytes still to come, then the SHA-256 in a message of its own.
+pub fn stream(
+    store: &Store,
+    etcd: &EtcdMeta,
+    send: &mut dyn FnMut(Vec<u8>, u64) -> io::Result<()>,
+) -> Result<(), mvcc::Error> {
+    let file = store.etcd_file(etcd)?;
+    let mut out = Chunks {
+        buf: Vec::with_capacity(CHUNK),
+        sha: Sha256::new(),
+        left: file.size(),
+        send,
+    };
+    file.write_to(&mut out)?;
+    out.flush().map_err(io_err)?;
+    let sha = std::mem::take(&mut out.sha).finalize().to_vec();
+    (out.send)(sha, 0).map_err(io_err)
+}
+
+fn io_err(e: io::Error) -> mvcc::Error {
+    mvcc::Error::Storage(pager::Error::Io {
+        op: "send a snapshot",
+        path: PathBuf::new(),
+        source: e,
+    })
+}
+
+struct Chunks<'a> {
+    buf: Vec<u8>,
+    sha: Sha256,
+    /// Bytes of the file not yet sent.
+    left: u64,
+    send: &'a mut dyn FnMut(Vec<u8>, u64) -> io::Result<()>,
+}
+
+impl Write for Chunks<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = b.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&b[..n]);
+        if self.buf.len() == CHUNK {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.sha.update(&chunk);
+        self.left = self.left.saturating_sub(chunk.len() as u64);
+        (self.send)(chunk, self.left)
+    }
+}
