@@ -27,6 +27,11 @@ pub struct BucketRef {
 }
 
 impl BucketRef {
+    /// The page of the bucket's tree (none for an inline bucket, kept in its parent's page).
+    pub fn root_page(&self) -> Option<u64> {
+        self.inline.is_none().then_some(self.root)
+    }
+
     /// The bucket whose header is `value` (a bucket element's value), as found in `page`.
     fn parse(db: &Db, value: &[u8], page: u64) -> Result<BucketRef> {
         if value.len() < BUCKET_HEADER {

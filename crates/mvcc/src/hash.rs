@@ -1,5 +1,7 @@
 //! HashKV: a CRC-32C over the stored history up to a revision, computed exactly as etcd does, so
-//! members (and a kvd member next to an etcd one) holding the same history agree.
+//! members (and a kvd member next to an etcd one) holding the same history agree. As etcd's,
+//! a compaction hashes the history it walks over, and HashKV at one of the last ten compaction
+//! revisions answers that hash (what etcd's compaction hash check compares), until a restart.
 
 use ids::Revision;
 
@@ -18,13 +20,44 @@ pub struct KvHash {
     pub current: Revision,
 }
 
+/// The hashes of the last compactions (etcd's `hashStorage`, which keeps ten).
+#[derive(Debug, Default)]
+pub(crate) struct CompactionHashes(Vec<KvHash>);
+
+impl CompactionHashes {
+    const KEPT: usize = 10;
+
+    pub(crate) fn keep(&mut self, h: KvHash) {
+        self.0.push(h);
+        self.0.sort_by_key(|h| h.hash_revision);
+        if self.0.len() > Self::KEPT {
+            self.0.remove(0);
+        }
+    }
+}
+
 impl Store {
     /// Hashes the history up to `rev` (0 = the current revision): every stored revision in
     /// (compacted, rev], plus those at or below the compaction revision that compaction keeps.
+    /// At the revision of one of the last compactions, that compaction's hash.
     pub fn hash_kv(&self, rev: Revision) -> Result<KvHash> {
-        let rev = rev.0;
         let snap = self.read()?;
         let current = snap.rev().0;
+        let kept = self
+            .inner
+            .hashes
+            .lock()
+            .0
+            .iter()
+            .copied()
+            .find(|h| h.hash_revision == rev);
+        if let Some(h) = kept {
+            return Ok(KvHash {
+                current: Revision(current),
+                ..h
+            });
+        }
+        let rev = rev.0;
         let (compacted, keep, kept, rev) = {
             let ix = self.inner.index.read();
             let compacted = ix.compacted();

@@ -67,6 +67,7 @@ fn hash_kv_equals_etcds() {
         (1848509990, -1, 6, 6)
     );
     assert_eq!(store.hash_kv(Revision(3)).unwrap().hash, 1827592406);
+    let at_4 = store.hash_kv(Revision(4)).unwrap();
 
     store.write().unwrap().compact(Revision(4)).unwrap();
     assert_eq!(store.hash_kv(Revision(0)).unwrap().hash, 3235463707);
@@ -76,6 +77,9 @@ fn hash_kv_equals_etcds() {
         3235463707,
         "physical compaction changes nothing"
     );
+    // As etcd's: at a compaction's revision, the hash that compaction took of the history it
+    // walked (as it was before, from the previous compaction on) — until a restart.
+    assert_eq!(store.hash_kv(Revision(4)).unwrap(), at_4);
 
     let mut w = store.write().unwrap();
     w.put(&put("a", "4")).unwrap();
@@ -86,8 +90,26 @@ fn hash_kv_equals_etcds() {
         (h.hash, h.compact_revision.0, h.hash_revision.0),
         (440101006, 5, 7)
     );
-    assert!(matches!(store.hash_kv(Revision(4)), Err(Error::Compacted)));
+    assert!(matches!(store.hash_kv(Revision(3)), Err(Error::Compacted)));
     assert!(matches!(store.hash_kv(Revision(8)), Err(Error::FutureRev)));
+    store.wait_compaction(Revision(5)).unwrap();
+    let kept = store.hash_kv(Revision(4)).unwrap();
+    assert_eq!(
+        (
+            kept.hash,
+            kept.compact_revision.0,
+            kept.hash_revision.0,
+            kept.current.0
+        ),
+        (at_4.hash, -1, 4, 7),
+        "below the compaction revision, a compaction's kept hash still answers"
+    );
+    store.close().unwrap();
+    let store = open(&dir);
+    assert!(
+        matches!(store.hash_kv(Revision(4)), Err(Error::Compacted)),
+        "the kept hashes do not outlive the process"
+    );
 }
 
 #[test]

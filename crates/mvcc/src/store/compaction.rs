@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use super::layout::{corrupt, KEY_BUCKET};
 use super::open::Inner;
 use crate::error::Result;
+use crate::hash::KvHash;
 use crate::revision::Rev;
+use ids::Revision;
 
 /// Keys whose index entries one compaction step prunes.
 pub(super) const INDEX_COMPACT_CHUNK: usize = 10_000;
@@ -15,8 +17,12 @@ pub(super) const INDEX_COMPACT_CHUNK: usize = 10_000;
 #[derive(Debug)]
 pub(super) struct CompactJob {
     pub(super) target: i64,
+    /// The compaction revision before this one (-1: none).
+    prev: i64,
     pub(super) keep: HashSet<Rev>,
     pub(super) phase: Phase,
+    /// etcd's compaction hash of the revisions visited so far.
+    hash: u32,
 }
 
 #[derive(Debug)]
@@ -28,11 +34,38 @@ pub(super) enum Phase {
 }
 
 impl CompactJob {
-    pub(super) fn new(target: i64) -> CompactJob {
+    pub(super) fn new(target: i64, prev: i64) -> CompactJob {
         CompactJob {
             target,
+            prev,
             keep: HashSet::new(),
             phase: Phase::Index(Vec::new()),
+            hash: crc32c::crc32c(KEY_BUCKET),
+        }
+    }
+
+    /// What etcd's compaction hashes of a revision it walks over (`kvHasher.WriteKeyValue`
+    /// with the previous compaction revision and the revisions this one keeps): everything
+    /// after the previous compaction, what it kept before, never a tombstone at it.
+    fn hash_entry(&mut self, r: Rev, tombstone: bool, k: &[u8], v: &[u8]) {
+        if r.main <= self.prev && !self.keep.is_empty() && !self.keep.contains(&r) {
+            return;
+        }
+        if r.main == self.prev && tombstone {
+            return;
+        }
+        self.hash = crc32c::crc32c_append(self.hash, k);
+        self.hash = crc32c::crc32c_append(self.hash, v);
+    }
+
+    /// The finished compaction's hash, as etcd keeps it: of the history up to the compaction
+    /// revision as it was before, starting after the previous compaction.
+    pub(super) fn hash(&self) -> KvHash {
+        KvHash {
+            hash: self.hash,
+            compact_revision: Revision(self.prev),
+            hash_revision: Revision(self.target),
+            current: Revision(self.target),
         }
     }
 }
@@ -63,13 +96,14 @@ impl Inner {
                 let mut keys = tx.bucket(KEY_BUCKET)?;
                 let mut doomed = Vec::new();
                 let mut last = None;
+                let from = from.clone();
                 for (seen, e) in keys.range(from.as_slice()..end.as_bytes()).enumerate() {
-                    let (k, _) = e?;
+                    let (k, v) = e?;
                     if seen == self.opts.compaction_batch {
                         last = Some(k.to_vec());
                         break;
                     }
-                    let (r, _) = Rev::from_key(k).ok_or_else(|| {
+                    let (r, tombstone) = Rev::from_key(k).ok_or_else(|| {
                         corrupt(
                             &self.path,
                             format!("key bucket entry {k:?} is not a revision"),
@@ -78,6 +112,7 @@ impl Inner {
                     if !j.keep.contains(&r) {
                         doomed.push(k.to_vec());
                     }
+                    j.hash_entry(r, tombstone, k, v);
                 }
                 for k in &doomed {
                     keys.delete(k)?;

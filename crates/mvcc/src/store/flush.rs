@@ -147,7 +147,7 @@ impl Inner {
         &self,
         taken: &Pending,
         applied: Applied,
-        new_compaction: Option<i64>,
+        new_compaction: Option<(i64, i64)>,
         side: Side<'_>,
         job: &mut Option<CompactJob>,
     ) -> Result<()> {
@@ -193,9 +193,9 @@ impl Inner {
                 // Kept in the cluster bucket now (below).
                 meta.delete(crate::downgrade::KEY)?;
             }
-            if let Some(t) = new_compaction {
+            if let Some((t, prev)) = new_compaction {
                 meta.put(SCHEDULED_COMPACT, compact_rev_value(t).as_bytes())?;
-                *job = Some(CompactJob::new(t));
+                *job = Some(CompactJob::new(t, prev));
             }
         }
         if let Some(d) = side.downgrade {
@@ -224,7 +224,9 @@ impl Inner {
         }
         BACKEND_COMMIT.observe(t.elapsed().as_secs_f64());
         if let Some(t) = finished {
-            *job = None;
+            if let Some(j) = job.take() {
+                self.hashes.lock().keep(j.hash());
+            }
             tracing::info!(path = %self.path.display(), revision = t, "finished scheduled compaction");
             let (m, cv) = &self.finished;
             *m.lock() = t;

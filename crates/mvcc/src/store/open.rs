@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     pub(super) view: RwLock<View>,
     /// Held by the one flush in progress; owns the compaction job.
     pub(super) flushing: Mutex<Option<CompactJob>>,
+    /// The hashes the last compactions computed (etcd's `hashStorage`).
+    pub(crate) hashes: Mutex<crate::hash::CompactionHashes>,
     /// Held by the one defragmentation in progress.
     pub(super) defragging: Mutex<()>,
     /// Bytes of revisions flushed since the last durable flush.
@@ -225,7 +227,8 @@ impl Store {
                 rev,
                 pendings: vec![pending],
             }),
-            flushing: Mutex::new(first_job.map(CompactJob::new)),
+            flushing: Mutex::new(first_job.map(|t| CompactJob::new(t, finished))),
+            hashes: Mutex::new(crate::hash::CompactionHashes::default()),
             defragging: Mutex::new(()),
             unsynced: std::sync::atomic::AtomicU64::new(0),
             finished: (Mutex::new(finished), Condvar::new()),

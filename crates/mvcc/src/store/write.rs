@@ -23,8 +23,8 @@ pub(crate) struct WriteState {
     /// The applied position the pager holds (a flush with nothing else to write still records
     /// a newer one: entries without data advance it too).
     pub(super) persisted: Applied,
-    /// A compaction scheduled since the last flush.
-    pub(super) new_compaction: Option<i64>,
+    /// A compaction scheduled since the last flush: (its revision, the one before it).
+    pub(super) new_compaction: Option<(i64, i64)>,
     pub(super) failed: Option<String>,
 }
 
@@ -97,8 +97,9 @@ impl Writer<'_> {
         if rev > st.rev {
             return Err(Error::FutureRev);
         }
+        let prev = st.compacted;
         st.compacted = rev;
-        st.new_compaction = Some(rev);
+        st.new_compaction = Some((rev, prev));
         let cur = st.rev;
         self.store.inner.index.write().set_compacted(rev);
         Ok(Revision(cur))
