@@ -5,7 +5,9 @@
 # print; the h2spec test runs the HTTP/2 conformance suite against kvd's client port.
 # With --with-benchmark it also builds etcd's `benchmark` load generator (for the comparison
 # scripts in this directory; the tests do not need it); with --with-bbolt, bbolt's command
-# line (`bbolt bench`, which the pager is measured against).
+# line (`bbolt bench`, which the pager is measured against); with --with-etcdutl, etcd's offline
+# tool (the snapshot and data-file tests restore with it); --no-h2spec skips h2spec (for the
+# other etcd versions the tests compare with).
 #   KVD_ETCD_VERSION  (default v3.6.5)
 #   KVD_TOOLS_DIR     (default ~/.cache/kvd-tools)
 # Needs: go (and the module proxy). About a minute the first time, nothing after.
@@ -33,12 +35,17 @@ tool() {
 
 tool etcdctl go.etcd.io/etcd/etcdctl/v3 "$ver" go.etcd.io/etcd/etcdctl/v3
 tool etcd go.etcd.io/etcd/server/v3 "$ver" go.etcd.io/etcd/server/v3
-tool h2spec github.com/summerwind/h2spec v2.2.1+incompatible github.com/summerwind/h2spec/cmd/h2spec
+h2spec=1
 for opt in "$@"; do
   case $opt in
+    --no-h2spec) h2spec=0 ;;
+    --with-etcdutl) tool etcdutl go.etcd.io/etcd/etcdutl/v3 "$ver" go.etcd.io/etcd/etcdutl/v3 ;;
     --with-benchmark) tool benchmark go.etcd.io/etcd/v3 "$ver" go.etcd.io/etcd/v3/tools/benchmark ;;
     --with-bbolt) tool bbolt go.etcd.io/bbolt "${BBOLT_VERSION:-v1.4.3}" go.etcd.io/bbolt/cmd/bbolt ;;
     *) echo "etcd-tools.sh: unknown option $opt" >&2; exit 2 ;;
   esac
 done
+if [ "$h2spec" = 1 ]; then
+  tool h2spec github.com/summerwind/h2spec v2.2.1+incompatible github.com/summerwind/h2spec/cmd/h2spec
+fi
 echo "$bin"

@@ -27,6 +27,28 @@ pub fn tools() -> &'static Path {
     })
 }
 
+/// The directory holding etcd, etcdctl and etcdutl of etcd `version` (e.g. `v3.7.1`), built
+/// on first use by the same script.
+pub fn etcd_tools(version: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, dir)) = built.iter().find(|(v, _)| v == version) {
+        return dir.clone();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tools/etcd-tools.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--with-etcdutl", "--no-h2spec"])
+        .env("KVD_ETCD_VERSION", version)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run tests/tools/etcd-tools.sh");
+    assert!(out.status.success(), "building etcd {version} failed");
+    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    built.push((version.to_string(), dir.clone()));
+    dir
+}
+
 pub fn kvd_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kvd")
 }
