@@ -6,6 +6,7 @@ mod apply;
 mod codec;
 pub mod dial;
 mod driver;
+pub mod etcd_log;
 pub mod grpc;
 mod idmap;
 mod log;
@@ -20,7 +21,7 @@ pub mod wal;
 
 pub use codec::Malformed;
 pub use dial::{DialError, Dialer};
-pub use driver::existing_member;
+pub use driver::{existing_member, write_imported_log, ImportedEntry, ImportedLog, ImportedOp};
 pub use ids::{BadId, ClusterId, MemberId, RaftIndex};
 pub use member::{
     cluster_id, member_id, parse_initial_cluster, BadInitialCluster, Member, Members,
@@ -29,6 +30,6 @@ pub use node::{
     Change, Committed, Company, Config, Error, Inbox, Local, PeerProgress, RaftNode, Result, Role,
     Start, StateMachine, Status, LONE_TURNS,
 };
-pub use raft::eraftpb::{Message, MessageType};
-pub use snap::SnapError;
+pub use raft::eraftpb::{ConfState, HardState, Message, MessageType};
+pub use snap::{SnapError, SnapMeta};
 pub use transport::{Reporter, SnapshotDone, Transport};

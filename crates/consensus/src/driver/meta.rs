@@ -6,7 +6,7 @@ use std::fs;
 use raft::eraftpb::{ConfState, HardState};
 
 use crate::codec::{put_u64, Reader};
-use crate::member::Members;
+use crate::member::{Member, Members};
 use crate::node::{Config, Error, Result, Start};
 use crate::snap::{SnapMeta, Snapshotter};
 use crate::wal::{SnapshotMark, Wal};
@@ -105,6 +105,129 @@ pub(super) fn bootstrap(cfg: &Config, start: &Start, snapshotter: &Snapshotter) 
             source,
         })?;
     Ok(())
+}
+
+/// A member's log carried over from another server's (`kvd migrate`): who the member is, the
+/// snapshot its state machine's data stands at, its hard state and the entries after the
+/// snapshot.
+#[derive(Debug, Clone)]
+pub struct ImportedLog {
+    pub member: MemberId,
+    pub cluster: ClusterId,
+    pub snapshot: SnapMeta,
+    pub hard_state: HardState,
+    pub entries: Vec<ImportedEntry>,
+}
+
+/// An entry of a log carried over from another server's, as kvd's log holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportedEntry {
+    pub index: u64,
+    pub term: u64,
+    pub op: ImportedOp,
+}
+
+/// What an imported entry does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImportedOp {
+    /// Nothing (raft's own entry, or a request with nothing to apply here).
+    Empty,
+    /// A request for the state machine (its encoding).
+    Proposal(Vec<u8>),
+    /// A member's name or URLs changed.
+    MemberUpdate(Member),
+    /// A voter added, or a learner promoted.
+    AddMember(Member),
+    AddLearner(Member),
+    Remove(MemberId),
+    /// raft's leaving of a joint configuration.
+    LeaveJoint,
+}
+
+impl ImportedEntry {
+    fn to_raft(&self) -> raft::eraftpb::Entry {
+        use crate::node::{context, TAG_CONF, TAG_MEMBER_UPDATE, TAG_PROPOSAL};
+        use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, Entry, EntryType};
+        let mut e = Entry {
+            index: self.index,
+            term: self.term,
+            ..Default::default()
+        };
+        let conf = |e: &mut Entry, kind: Option<(ConfChangeType, MemberId)>, m: Option<&Member>| {
+            let mut cc = ConfChangeV2::default();
+            if let Some((kind, id)) = kind {
+                let mut single = ConfChangeSingle::default();
+                single.set_change_type(kind);
+                single.node_id = id.0;
+                cc.mut_changes().push(single);
+                e.context = context(TAG_CONF, 0, 0, m).into();
+            }
+            e.set_entry_type(EntryType::EntryConfChangeV2);
+            e.data = protobuf::Message::write_to_bytes(&cc)
+                .expect("a conf change encodes")
+                .into();
+        };
+        match &self.op {
+            ImportedOp::Empty => {}
+            ImportedOp::Proposal(data) => {
+                e.data = data.clone().into();
+                e.context = context(TAG_PROPOSAL, 0, 0, None).into();
+            }
+            ImportedOp::MemberUpdate(m) => {
+                e.context = context(TAG_MEMBER_UPDATE, 0, 0, Some(m)).into();
+            }
+            ImportedOp::AddMember(m) => {
+                conf(&mut e, Some((ConfChangeType::AddNode, m.id)), Some(m))
+            }
+            ImportedOp::AddLearner(m) => conf(
+                &mut e,
+                Some((ConfChangeType::AddLearnerNode, m.id)),
+                Some(m),
+            ),
+            ImportedOp::Remove(id) => conf(&mut e, Some((ConfChangeType::RemoveNode, *id)), None),
+            ImportedOp::LeaveJoint => conf(&mut e, None, None),
+        }
+        e
+    }
+}
+
+/// Writes `log` as the log of the member directory `dir`, which must hold none: the WAL (in a
+/// temporary directory renamed into place) and the snapshot file. The member then starts from
+/// it as from its own.
+pub fn write_imported_log(dir: &std::path::Path, log: &ImportedLog) -> Result<()> {
+    let io = |op: &'static str, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { op, path, source }
+    };
+    let (wal_dir, tmp) = (dir.join("wal"), dir.join("wal.tmp"));
+    if wal_dir.exists() {
+        return Err(Error::Io {
+            op: "create a log in",
+            path: wal_dir,
+            source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+        });
+    }
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+    }
+    Snapshotter::new(dir.join("snap"))?.save(&log.snapshot)?;
+    let mut wal = Wal::create(
+        &tmp,
+        &encode_meta(log.cluster, log.member),
+        crate::wal::Options::default(),
+    )?;
+    wal.save_snapshot(SnapshotMark {
+        index: RaftIndex(log.snapshot.index),
+        term: log.snapshot.term,
+    })?;
+    let entries: Vec<raft::eraftpb::Entry> =
+        log.entries.iter().map(ImportedEntry::to_raft).collect();
+    wal.save(Some(&log.hard_state), &entries, true)?;
+    drop(wal);
+    fs::rename(&tmp, &wal_dir).map_err(io("rename a new log to", &wal_dir))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync", dir))
 }
 
 #[cfg(test)]

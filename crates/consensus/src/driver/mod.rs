@@ -13,5 +13,5 @@ mod reads;
 mod snapshots;
 mod turn;
 
-pub use meta::existing_member;
+pub use meta::{existing_member, write_imported_log, ImportedEntry, ImportedLog, ImportedOp};
 pub(crate) use open::Driver;
