@@ -20,6 +20,7 @@ mod http;
 mod kv;
 mod lease;
 mod maintenance;
+pub mod migrate;
 pub mod request;
 pub mod server;
 pub mod snapshot;

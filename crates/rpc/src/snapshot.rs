@@ -312,6 +312,40 @@ struct ConfStateJson {
     auto_leave: bool,
 }
 
+/// The member etcd's JSON describes.
+pub(crate) fn member_from_json(json: &[u8]) -> Result<consensus::Member, String> {
+    let m: MemberJson = serde_json::from_slice(json).map_err(|e| {
+        format!(
+            "a member that does not decode ({e}): {}",
+            String::from_utf8_lossy(json)
+        )
+    })?;
+    if m.id == 0 {
+        return Err("a member with id 0".into());
+    }
+    Ok(consensus::Member {
+        id: ids::MemberId(m.id),
+        name: m.name,
+        peer_urls: m.peer_urls,
+        client_urls: m.client_urls,
+        is_learner: m.is_learner,
+    })
+}
+
+/// The raft configuration etcd's JSON describes (`meta/confState`).
+pub(crate) fn conf_state_from_json(json: &[u8]) -> Result<consensus::ConfState, String> {
+    let c: ConfStateJson = serde_json::from_slice(json)
+        .map_err(|e| format!("a raft configuration that does not decode ({e})"))?;
+    Ok(consensus::ConfState {
+        voters: c.voters,
+        learners: c.learners,
+        voters_outgoing: c.voters_outgoing,
+        learners_next: c.learners_next,
+        auto_leave: c.auto_leave,
+        ..Default::default()
+    })
+}
+
 /// What etcd's data file holds beside the store, for `members`: the member list, the raft
 /// configuration it makes, and the versions kvd reports.
 pub fn etcd_meta(members: &consensus::Members) -> EtcdMeta {
