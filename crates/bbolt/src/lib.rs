@@ -38,3 +38,9 @@ pub use error::{Error, Result};
 pub use format::{Meta, MAX_KEY, MAX_VALUE, NO_FREELIST};
 pub use read::{BucketRef, Db, Item, Walker};
 pub use write::{plan, write, Layout, Sink};
+
+/// Whether `head`, a file's first bytes, starts like a bbolt file (its first meta page's
+/// magic); a cheap look before [`Db::open`], which checks everything.
+pub fn looks_like_bolt_file(head: &[u8]) -> bool {
+    head.get(16..20) == Some(&format::MAGIC.to_le_bytes()[..])
+}

@@ -34,6 +34,14 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: ProxyCmd,
     },
+    /// Makes a stopped etcd member's data directory kvd's, in place: the same member and
+    /// cluster, every revision, lease and user, and etcd's log carried over; etcd's files kept
+    /// in member.etcd/.
+    Migrate {
+        /// The etcd member's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Defragments a stopped member's data file, etcd's or kvd's (etcdutl's `defrag`).
     Defrag {
         /// The data directory (its `member/snap/db`).
@@ -325,6 +333,12 @@ pub struct ServeFlags {
     /// Applied entries between snapshots.
     #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 10_000)]
     pub snapshot_count: u64,
+    /// The longest time before applied writes are committed to the data file (empty: 100ms).
+    #[arg(long, env = "ETCD_BACKEND_BATCH_INTERVAL", default_value = "")]
+    pub backend_batch_interval: String,
+    /// The most applied writes before they are committed to the data file (0: 10,000).
+    #[arg(long, env = "ETCD_BACKEND_BATCH_LIMIT", default_value_t = 0)]
+    pub backend_batch_limit: usize,
     /// Time (ms) of a heartbeat interval.
     #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
     pub heartbeat_interval: u64,

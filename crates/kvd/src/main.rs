@@ -7,6 +7,7 @@ mod config;
 mod failpoints;
 mod gates;
 mod listen;
+mod migrate;
 mod peer_port;
 mod plan;
 mod proxy;
@@ -66,6 +67,7 @@ fn main() -> ExitCode {
             SnapshotCmd::Status { file, write_out } => tools::status(&file, write_out),
         }),
         Some(Cmd::Defrag { data_dir }) => offline(|| tools::defrag(&data_dir)),
+        Some(Cmd::Migrate { data_dir }) => offline(|| migrate::migrate(&data_dir)),
         Some(Cmd::Hashkv(f)) => offline(|| tools::hashkv(&f)),
         Some(Cmd::GrpcProxy {
             cmd: ProxyCmd::Start(f),

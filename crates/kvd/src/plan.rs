@@ -237,6 +237,13 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
         PathBuf::from(&f.data_dir)
     };
     let member_dir = data_dir.join("member");
+    if crate::migrate::is_etcd_member(&member_dir) {
+        return Err(format!(
+            "{} holds an etcd member's data (member/snap/db is etcd's bbolt file): stop etcd, then run `kvd migrate --data-dir {}` to make it kvd's (etcd's files are kept)",
+            data_dir.display(),
+            data_dir.display()
+        ));
+    }
     let client_listen =
         listen::parse(&config::urls(&f.listen_client_urls), "--listen-client-urls")?;
     let client_http_listen = listen::parse(
@@ -377,8 +384,18 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
             .parse()
             .map_err(|_| format!("--freelist-type {other:?}: want hashmap (map) or array"))?,
     };
+    let defaults = mvcc::StoreOptions::default();
+    let batch_interval = match f.backend_batch_interval.as_str() {
+        "" => defaults.batch_interval,
+        v => rpc::parse_duration(v).map_err(|e| format!("--backend-batch-interval: {e}"))?,
+    };
     let store = mvcc::StoreOptions {
         freelist,
+        batch_interval,
+        batch_limit: match f.backend_batch_limit {
+            0 => defaults.batch_limit,
+            n => n,
+        },
         // The WAL holds every applied entry: a flush need not fsync (consensus syncs the store
         // before it purges the log behind a snapshot).
         durable_flush: false,
