@@ -93,11 +93,9 @@ pub fn restore(f: &RestoreFlags) -> Result<(), ToolError> {
     let snap_dir = db.parent().expect("a file in a directory");
     let r = std::fs::create_dir_all(snap_dir)
         .map_err(io("create", snap_dir))
-        .and_then(|()| Ok(snap.restore(&db, &mvcc::StoreOptions::default())?))
         .and_then(|()| {
-            if f.bump_revision > 0 {
-                let to =
-                    mvcc::etcd_file::bump_revision(&db, f.bump_revision).map_err(store_err(&db))?;
+            let to = snap.restore(&db, &mvcc::StoreOptions::default(), f.bump_revision)?;
+            if let Some(to) = to {
                 tracing::info!(revision = to, "bumped the revision and marked it compacted");
             }
             Ok(())
@@ -250,7 +248,7 @@ pub fn hashkv(f: &HashkvFlags) -> Result<(), ToolError> {
             // etcd's file (or kvd's earlier snapshot format): read into a store aside.
             let tmp = tempdir_for(&file)?;
             let db = tmp.join("db");
-            snap.restore(&db, &mvcc::StoreOptions::default())?;
+            snap.restore(&db, &mvcc::StoreOptions::default(), 0)?;
             let h = hash_store(&db, f.rev);
             let _ = std::fs::remove_dir_all(&tmp);
             h?

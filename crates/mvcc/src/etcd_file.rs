@@ -184,10 +184,14 @@ fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
                 return Ok(false);
             };
             let r = match name {
-                KEY_BUCKET => match Rev::from_key(k) {
-                    Some(_) => copy(k, v),
-                    None => {
+                KEY_BUCKET => match (Rev::from_key(k), crate::store::Indexed::decode(v)) {
+                    (Some(_), Ok(_)) => copy(k, v),
+                    (None, _) => {
                         bad = Some(format!("key bucket entry {k:?} is not a revision"));
+                        return Ok(false);
+                    }
+                    (Some((r, _)), Err(e)) => {
+                        bad = Some(format!("revision {r:?} does not hold a KeyValue: {e}"));
                         return Ok(false);
                     }
                 },
@@ -259,23 +263,34 @@ fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
     Ok(out)
 }
 
-/// etcdutl's `--bump-revision N --mark-compacted`, on the closed store file at `path`: an
-/// empty entry at the newest revision plus N, and a compaction scheduled at it — so clients
-/// see every revision they knew as compacted, and new writes above them. Returns the revision.
-pub fn bump_revision(path: &Path, by: u64) -> Result<i64> {
+/// A restored store file made ready for a member starting a new log: at the closed store
+/// file `path`, the raft position is forgotten, and with `bump` > 0, etcdutl's
+/// `--bump-revision N --mark-compacted`: an empty entry at the newest revision plus N, and a
+/// compaction scheduled at it — clients see every revision they knew as compacted, and new
+/// writes above them. Returns the revision bumped to.
+pub fn finish_restore(path: &Path, bump: u64) -> Result<Option<i64>> {
     let db = pager::Db::open(path, pager::Options::default())?;
     let mut tx = db.begin_write()?;
-    let latest = match tx.bucket(KEY_BUCKET)?.cursor().last()? {
-        Some((k, _)) => Rev::from_key(k).map_or(0, |(r, _)| r.main),
-        None => 0,
-    };
-    let to = latest.saturating_add(i64::try_from(by).unwrap_or(i64::MAX));
-    tx.bucket(KEY_BUCKET)?
-        .put(Rev::new(to, 0).to_key(false).as_bytes(), &[])?;
-    tx.bucket(META_BUCKET)?.put(
-        b"scheduledCompactRev",
-        crate::store::compact_rev_value(to).as_bytes(),
-    )?;
+    {
+        let mut meta = tx.bucket(META_BUCKET)?;
+        meta.delete(b"consistent_index")?;
+        meta.delete(b"term")?;
+    }
+    let mut to = None;
+    if bump > 0 {
+        let latest = match tx.bucket(KEY_BUCKET)?.cursor().last()? {
+            Some((k, _)) => Rev::from_key(k).map_or(0, |(r, _)| r.main),
+            None => 0,
+        };
+        let rev = latest.saturating_add(i64::try_from(bump).unwrap_or(i64::MAX));
+        tx.bucket(KEY_BUCKET)?
+            .put(Rev::new(rev, 0).to_key(false).as_bytes(), &[])?;
+        tx.bucket(META_BUCKET)?.put(
+            b"scheduledCompactRev",
+            crate::store::compact_rev_value(rev).as_bytes(),
+        )?;
+        to = Some(rev);
+    }
     tx.commit()?;
     db.close()?;
     Ok(to)

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use api::authpb::{Permission, Role, User};
 use api::etcdserverpb::{DeleteRangeRequest, DowngradeInfo, PutRequest, RangeRequest};
 use ids::{LeaseId, MemberId, Revision};
-use mvcc::etcd_file::{bump_revision, import, EtcdMeta};
+use mvcc::etcd_file::{finish_restore, import, EtcdMeta};
 use mvcc::{Store, StoreOptions};
 
 fn put(k: &str, v: &str, lease: i64) -> PutRequest {
@@ -190,7 +190,10 @@ fn bump_revision_marks_everything_before_compacted() {
     let db = bbolt::Db::open(&path).unwrap();
     let dst = dir.path().join("dst");
     import(&db, &dst, &StoreOptions::default()).unwrap();
-    assert_eq!(bump_revision(&dst, 1000).unwrap(), src.rev().0 + 1000);
+    assert_eq!(
+        finish_restore(&dst, 1000).unwrap(),
+        Some(src.rev().0 + 1000)
+    );
     let back = Store::open(&dst, StoreOptions::default()).unwrap();
     let want = src.rev().0 + 1000;
     assert_eq!(back.rev(), Revision(want));

@@ -103,8 +103,14 @@ impl SnapshotFile {
 
     /// Builds a store's file at `dst` (which must not exist) from this snapshot; nothing is
     /// left at `dst` unless it is whole. The store records no consensus position (a restored
-    /// member starts a new log) and keeps no member list (the flags give the new one).
-    pub fn restore(&self, dst: &Path, opts: &StoreOptions) -> Result<(), SnapshotError> {
+    /// member starts a new log) and keeps no member list (the flags give the new one). With
+    /// `bump` > 0, etcdutl's `--bump-revision` and `--mark-compacted`; the revision bumped to.
+    pub fn restore(
+        &self,
+        dst: &Path,
+        opts: &StoreOptions,
+        bump: u64,
+    ) -> Result<Option<i64>, SnapshotError> {
         let path = self.path().to_path_buf();
         let store_err = |source| SnapshotError::Store {
             path: path.clone(),
@@ -130,17 +136,13 @@ impl SnapshotFile {
                 })
             }
         };
-        let r = r.and_then(|()| {
-            // Opening rebuilds the index: every entry is read and checked once here.
-            let store = Store::open(dst, opts.clone())?;
-            store.write()?.set_applied(mvcc::Applied::default());
-            store.close()
-        });
-        if let Err(e) = r {
-            let _ = std::fs::remove_file(dst);
-            return Err(store_err(e));
+        match r.and_then(|()| mvcc::etcd_file::finish_restore(dst, bump)) {
+            Ok(to) => Ok(to),
+            Err(e) => {
+                let _ = std::fs::remove_file(dst);
+                Err(store_err(e))
+            }
         }
-        Ok(())
     }
 
     /// etcdutl's `snapshot status`: a CRC-32C of every bucket's name, keys and values, the

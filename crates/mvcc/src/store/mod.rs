@@ -33,4 +33,5 @@ pub(crate) use open::{open_filled_db, Inner};
 pub use open::{Applied, Defragmented, Store, StoreOptions};
 pub(crate) use read::Reader;
 pub use read::{RangeOptions, RangeResult, Snapshot};
+pub(crate) use recovery::Indexed;
 pub use write::Writer;

@@ -127,7 +127,7 @@ pub(super) fn restore(db: &pager::Db, path: &Path, release_every: usize) -> Resu
 /// the kernel's read-ahead still brings the value's pages in). Accepts exactly what
 /// `KeyValue::decode` accepts.
 #[derive(Debug, Default, PartialEq)]
-struct Indexed<'a> {
+pub(crate) struct Indexed<'a> {
     key: &'a [u8],
     create_revision: i64,
     version: i64,
@@ -135,7 +135,7 @@ struct Indexed<'a> {
 }
 
 impl<'a> Indexed<'a> {
-    fn decode(mut buf: &'a [u8]) -> std::result::Result<Self, String> {
+    pub(crate) fn decode(mut buf: &'a [u8]) -> std::result::Result<Self, String> {
         use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
         let mut kv = Indexed::default();
         while !buf.is_empty() {
