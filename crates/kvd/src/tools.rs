@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rpc::snapshot::{SnapshotError, SnapshotFile, Status};
+use rpc::snapshot::{Kind, SnapshotError, SnapshotFile, Status};
 
 use crate::config::{self, HashkvFlags, RestoreFlags, WriteOut};
 use crate::plan::{initial_cluster, same_urls};
@@ -242,9 +242,10 @@ pub fn hashkv(f: &HashkvFlags) -> Result<(), ToolError> {
             ))
         }
     };
-    let h = match SnapshotFile::open(&file, true)? {
-        SnapshotFile::KvdStore(p) => hash_store(&p, f.rev)?,
-        snap => {
+    let snap = SnapshotFile::open(&file, true)?;
+    let h = match snap.kind() {
+        Kind::KvdStore => hash_store(snap.path(), f.rev)?,
+        _ => {
             // etcd's file (or kvd's earlier snapshot format): read into a store aside.
             let tmp = tempdir_for(&file)?;
             let db = tmp.join("db");
@@ -296,12 +297,13 @@ pub fn defrag(data_dir: &Path) -> Result<(), ToolError> {
     let tmp = db.with_extension("defrag");
     let _ = std::fs::remove_file(&tmp);
     let before = std::fs::metadata(&db).map_err(io("stat", &db))?.len();
-    let r = match SnapshotFile::open(&db, true)? {
-        SnapshotFile::KvdStore(_) => pager::Db::open(&db, pager::Options::default())
+    let snap = SnapshotFile::open(&db, true)?;
+    let r = match snap.kind() {
+        Kind::KvdStore => pager::Db::open(&db, pager::Options::default())
             .and_then(|d| d.compact_to(&tmp))
             .map_err(|e| store_err(&db)(e.into())),
-        SnapshotFile::Etcd(src) => rewrite_bolt(&src, &tmp),
-        SnapshotFile::KvdDump(_) => Err(ToolError::Flags(format!(
+        Kind::Etcd(src) => rewrite_bolt(src, &tmp),
+        Kind::KvdDump => Err(ToolError::Flags(format!(
             "{}: a snapshot in kvd's earlier format, not a data file",
             db.display()
         ))),

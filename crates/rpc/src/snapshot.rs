@@ -38,19 +38,31 @@ pub enum SnapshotError {
 
 /// The formats a snapshot file may be in.
 #[derive(Debug)]
-pub enum SnapshotFile {
+pub enum Kind {
     /// etcd's bbolt file (a snapshot, or a member's `db`).
     Etcd(bbolt::Db),
     /// A kvd member's store file (its `db`).
-    KvdStore(PathBuf),
-    /// kvd's earlier snapshot format, a dump (its SHA-256 checked).
-    KvdDump(PathBuf),
+    KvdStore,
+    /// kvd's earlier snapshot format, a dump.
+    KvdDump,
+}
+
+/// The check of a file's SHA-256, run beside what reads the file.
+type HashCheck = std::thread::JoinHandle<Result<(), SnapshotError>>;
+
+/// A snapshot file, opened.
+#[derive(Debug)]
+pub struct SnapshotFile {
+    path: PathBuf,
+    kind: Kind,
+    check: parking_lot::Mutex<Option<HashCheck>>,
 }
 
 impl SnapshotFile {
-    /// Opens `path`, checking the SHA-256 it ends with as etcdutl does: a file whose length is
-    /// a multiple of 512 plus 32 has one, checked unless `skip_hash_check`; one without is
-    /// refused unless `skip_hash_check`.
+    /// Opens `path`. As etcdutl: a file whose length is a multiple of 512 plus 32 ends with a
+    /// SHA-256, checked unless `skip_hash_check`; one without is refused unless
+    /// `skip_hash_check`. The check reads the whole file on a thread of its own: a restore
+    /// waits for it before it is done (see [`SnapshotFile::restore`]).
     pub fn open(path: &Path, skip_hash_check: bool) -> Result<SnapshotFile, SnapshotError> {
         let io = |source| SnapshotError::Io {
             path: path.to_path_buf(),
@@ -65,39 +77,59 @@ impl SnapshotFile {
             });
         }
         let data_len = if hashed { len - SHA_LEN } else { len };
-        if hashed && !skip_hash_check {
-            check_sha(&mut f, data_len).map_err(|e| match e {
-                Some(source) => io(source),
-                None => SnapshotError::HashMismatch {
-                    path: path.to_path_buf(),
-                },
-            })?;
-        }
+        let check = (hashed && !skip_hash_check).then(|| {
+            let path = path.to_path_buf();
+            std::thread::spawn(move || check_sha(&path, data_len))
+        });
+        let file = SnapshotFile {
+            path: path.to_path_buf(),
+            kind: Kind::KvdStore,
+            check: parking_lot::Mutex::new(check),
+        };
         let mut head = [0u8; 24];
         let n = f.read(&mut head).map_err(io)?;
         let head = &head[..n];
-        if head.starts_with(b"KVDSNAP1") {
-            return Ok(SnapshotFile::KvdDump(path.to_path_buf()));
-        }
-        if pager::looks_like_pager_file(head) {
-            return Ok(SnapshotFile::KvdStore(path.to_path_buf()));
-        }
-        match bbolt::Db::open_prefix(path, data_len) {
-            Ok(db) => Ok(SnapshotFile::Etcd(db)),
-            Err(bbolt::Error::NotBolt { .. }) => Err(SnapshotError::Unknown {
-                path: path.to_path_buf(),
-            }),
-            Err(e) => Err(SnapshotError::Store {
-                path: path.to_path_buf(),
-                source: e.into(),
-            }),
+        let kind = if head.starts_with(b"KVDSNAP1") {
+            Ok(Kind::KvdDump)
+        } else if pager::looks_like_pager_file(head) {
+            Ok(Kind::KvdStore)
+        } else {
+            match bbolt::Db::open_prefix(path, data_len) {
+                Ok(db) => Ok(Kind::Etcd(db)),
+                Err(bbolt::Error::NotBolt { .. }) => Err(SnapshotError::Unknown {
+                    path: path.to_path_buf(),
+                }),
+                Err(e) => Err(SnapshotError::Store {
+                    path: path.to_path_buf(),
+                    source: e.into(),
+                }),
+            }
+        };
+        match kind {
+            Ok(kind) => Ok(SnapshotFile { kind, ..file }),
+            // A damaged file is reported as such, whatever else was found wrong.
+            Err(e) => Err(file.checked().err().unwrap_or(e)),
         }
     }
 
-    fn path(&self) -> &Path {
-        match self {
-            SnapshotFile::Etcd(db) => db.path(),
-            SnapshotFile::KvdStore(p) | SnapshotFile::KvdDump(p) => p,
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for the SHA-256 check begun at open, if there is one.
+    fn checked(&self) -> Result<(), SnapshotError> {
+        match self.check.lock().take() {
+            None => Ok(()),
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(SnapshotError::Io {
+                    path: self.path.clone(),
+                    source: io::Error::other("the hash check failed"),
+                })
+            }),
         }
     }
 
@@ -111,21 +143,22 @@ impl SnapshotFile {
         opts: &StoreOptions,
         bump: u64,
     ) -> Result<Option<i64>, SnapshotError> {
-        let path = self.path().to_path_buf();
+        let path = self.path.clone();
         let store_err = |source| SnapshotError::Store {
             path: path.clone(),
             source,
         };
-        let r = match self {
-            SnapshotFile::Etcd(db) => mvcc::etcd_file::import(db, dst, opts).map(|_| ()),
-            SnapshotFile::KvdStore(src) => std::fs::copy(src, dst).map(|_| ()).map_err(|e| {
+        let src = &self.path;
+        let r = match &self.kind {
+            Kind::Etcd(db) => mvcc::etcd_file::import(db, dst, opts).map(|_| ()),
+            Kind::KvdStore => std::fs::copy(src, dst).map(|_| ()).map_err(|e| {
                 mvcc::Error::Storage(pager::Error::Io {
                     op: "copy",
                     path: dst.to_path_buf(),
                     source: e,
                 })
             }),
-            SnapshotFile::KvdDump(src) => {
+            Kind::KvdDump => {
                 let mut f = File::open(src).map_err(|e| SnapshotError::Io {
                     path: path.clone(),
                     source: e,
@@ -136,26 +169,28 @@ impl SnapshotFile {
                 })
             }
         };
-        match r.and_then(|()| mvcc::etcd_file::finish_restore(dst, bump)) {
-            Ok(to) => Ok(to),
-            Err(e) => {
-                let _ = std::fs::remove_file(dst);
-                Err(store_err(e))
-            }
-        }
+        let r = r.and_then(|()| mvcc::etcd_file::finish_restore(dst, bump));
+        // Whatever the copy found, a file whose digest does not match is damaged: said so.
+        let r = match (self.checked(), r) {
+            (Ok(()), Ok(to)) => return Ok(to),
+            (Err(e), _) => e,
+            (Ok(()), Err(e)) => store_err(e),
+        };
+        let _ = std::fs::remove_file(dst);
+        Err(r)
     }
 
     /// etcdutl's `snapshot status`: a CRC-32C of every bucket's name, keys and values, the
     /// newest revision, the keys alive at it, the size, and the storage version.
     pub fn status(&self) -> Result<Status, SnapshotError> {
-        let path = self.path().to_path_buf();
+        let path = self.path.clone();
         let store_err = |source| SnapshotError::Store {
             path: path.clone(),
             source,
         };
         let mut st = StatusBuilder::default();
-        match self {
-            SnapshotFile::Etcd(db) => {
+        match &self.kind {
+            Kind::Etcd(db) => {
                 db.check().map_err(|e| store_err(e.into()))?;
                 let mut w = db.walker();
                 for (name, b) in db.buckets().map_err(|e| store_err(e.into()))? {
@@ -181,8 +216,8 @@ impl SnapshotFile {
                     None => String::new(),
                 };
             }
-            SnapshotFile::KvdStore(p) => {
-                let db = pager::Db::open(p, pager::Options::default())
+            Kind::KvdStore => {
+                let db = pager::Db::open(&self.path, pager::Options::default())
                     .map_err(|e| store_err(e.into()))?;
                 let tx = db.begin_read().map_err(|e| store_err(e.into()))?;
                 for name in tx.buckets().map_err(|e| store_err(e.into()))? {
@@ -196,7 +231,7 @@ impl SnapshotFile {
                 st.size = db.file_size();
                 st.version = STORAGE_VERSION.into();
             }
-            SnapshotFile::KvdDump(_) => {
+            Kind::KvdDump => {
                 return Err(SnapshotError::Unsupported {
                     path,
                     what: "kvd's earlier snapshot format: `kvd snapshot restore` reads it (status reads etcd's format and data files)",
@@ -207,24 +242,29 @@ impl SnapshotFile {
     }
 }
 
-/// `Some(e)`: reading failed; `None`: the digest does not match.
-fn check_sha(f: &mut File, data_len: u64) -> Result<(), Option<io::Error>> {
+/// Checks that the file at `path` ends, after `data_len` bytes, with their SHA-256.
+fn check_sha(path: &Path, data_len: u64) -> Result<(), SnapshotError> {
+    let io = |source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = File::open(path).map_err(io)?;
     let mut h = Sha256::new();
     let mut left = data_len;
     let mut buf = vec![0; 1 << 20];
     while left > 0 {
         let n = (buf.len() as u64).min(left) as usize;
-        f.read_exact(&mut buf[..n]).map_err(Some)?;
+        f.read_exact(&mut buf[..n]).map_err(io)?;
         h.update(&buf[..n]);
         left -= n as u64;
     }
     let mut want = [0u8; SHA_LEN as usize];
-    f.read_exact(&mut want).map_err(Some)?;
+    f.read_exact(&mut want).map_err(io)?;
     if h.finalize().as_slice() != want {
-        return Err(None);
+        return Err(SnapshotError::HashMismatch {
+            path: path.to_path_buf(),
+        });
     }
-    use std::io::Seek;
-    f.seek(io::SeekFrom::Start(0)).map_err(Some)?;
     Ok(())
 }
 
