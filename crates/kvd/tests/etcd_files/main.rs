@@ -8,6 +8,7 @@ mod bad_files;
 #[path = "../common/mod.rs"]
 mod common;
 mod hashkv;
+mod kubernetes;
 mod migrate;
 mod offline;
 mod snapshots;

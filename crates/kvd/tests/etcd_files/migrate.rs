@@ -14,13 +14,13 @@ const FLAGS: [&str; 6] = [
     "100000",
 ];
 
-fn cluster(dir: &Path, ms: &[Addrs], bin: &Path) -> Vec<Proc> {
+pub(super) fn cluster(dir: &Path, ms: &[Addrs], bin: &Path) -> Vec<Proc> {
     ms.iter()
         .map(|m| Proc::start(bin, m, &dir.join(&m.name), ms, "new", &FLAGS))
         .collect()
 }
 
-fn endpoints(ms: &[Addrs]) -> String {
+pub(super) fn endpoints(ms: &[Addrs]) -> String {
     ms.iter().map(Addrs::endpoint).collect::<Vec<_>>().join(",")
 }
 
@@ -38,7 +38,7 @@ fn members(ep: &str) -> (Vec<String>, u64) {
     (ms, v["header"]["cluster_id"].as_u64().unwrap())
 }
 
-fn migrate(data: &Path) -> Output {
+pub(super) fn migrate(data: &Path) -> Output {
     kvd_tool(&[
         "migrate".into(),
         "--data-dir".into(),
