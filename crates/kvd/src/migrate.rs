@@ -78,8 +78,7 @@ pub fn migrate(data_dir: &Path) -> Result<(), ToolError> {
     let store = building.join("snap").join("db");
     std::fs::create_dir_all(building.join("snap")).map_err(io("create", &building))?;
     let r = (|| {
-        let imported = mvcc::etcd_file::import(&src, &store, &mvcc::StoreOptions::default())
-            .map_err(|e| refuse(data_dir, e))?;
+        let imported = mvcc::etcd_file::import(&src, &store).map_err(|e| refuse(data_dir, e))?;
         check_pending_snapshot(&member, imported.consistent_index, data_dir)?;
         let kvd_log = rpc::migrate::member_log(&log, &imported).map_err(|e| refuse(data_dir, e))?;
         // The store opens (its index rebuilt: every entry read and checked).

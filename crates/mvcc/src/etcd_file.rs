@@ -12,7 +12,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::revision::Rev;
-use crate::store::{Store, StoreOptions, CLUSTER_BUCKET, KEY_BUCKET, META_BUCKET};
+use crate::store::{Store, CLUSTER_BUCKET, KEY_BUCKET, META_BUCKET};
 
 /// The buckets an etcd 3.4–3.7 data file holds (bbolt keeps them sorted).
 pub const ETCD_BUCKETS: [&str; 10] = [
@@ -41,8 +41,6 @@ const STORAGE_VERSION: &[u8] = b"storageVersion";
 const CLUSTER_VERSION: &[u8] = b"clusterVersion";
 /// Cluster keys etcd writes (the store keeps `downgrade`; `clusterVersion` is [`EtcdMeta`]'s).
 const CLUSTER_KEYS: [&[u8]; 2] = [CLUSTER_VERSION, crate::downgrade::KEY];
-/// Entries per pager commit while importing (bounds the writer's memory).
-const BATCH_BYTES: usize = 64 << 20;
 
 /// What an etcd data file holds that the store does not keep.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,69 +79,18 @@ fn utf8(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }
 
-/// Writes entries into a new pager file, a commit every [`BATCH_BYTES`].
-struct Filler<'db> {
-    db: &'db pager::Db,
-    tx: Option<pager::WriteTxn<'db>>,
-    pending: usize,
-}
-
-impl<'db> Filler<'db> {
-    fn new(db: &'db pager::Db) -> Filler<'db> {
-        Filler {
-            db,
-            tx: None,
-            pending: 0,
-        }
-    }
-
-    fn put(&mut self, bucket: &[u8], k: &[u8], v: &[u8]) -> Result<()> {
-        if self.tx.is_none() {
-            self.tx = Some(self.db.begin_write()?);
-        }
-        let tx = self.tx.as_mut().expect("begun above");
-        tx.create_bucket_if_missing(bucket)?.put(k, v)?;
-        self.pending += k.len() + v.len() + 32;
-        if self.pending >= BATCH_BYTES {
-            self.tx.take().expect("begun above").commit_nosync()?;
-            self.pending = 0;
-        }
-        Ok(())
-    }
-
-    fn bucket(&mut self, bucket: &[u8]) -> Result<()> {
-        if self.tx.is_none() {
-            self.tx = Some(self.db.begin_write()?);
-        }
-        self.tx
-            .as_mut()
-            .expect("begun above")
-            .create_bucket_if_missing(bucket)?;
-        Ok(())
-    }
-
-    /// Commits what is left, durably.
-    fn finish(mut self) -> Result<()> {
-        match self.tx.take() {
-            Some(tx) => tx.commit()?,
-            None => self.db.sync()?,
-        }
-        Ok(())
-    }
-}
-
 /// Builds a store's pager file at `dst` (which must not exist) from the etcd data file `src`;
 /// nothing is left at `dst` unless the whole file was read and found to be etcd's. The members
 /// and the raft configuration are returned, not stored (the caller's consensus keeps them).
-pub fn import(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
-    let r = build(src, dst, opts);
+pub fn import(src: &bbolt::Db, dst: &Path) -> Result<Imported> {
+    let r = build(src, dst);
     if r.is_err() {
         let _ = std::fs::remove_file(dst);
     }
     r
 }
 
-fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
+fn build(src: &bbolt::Db, dst: &Path) -> Result<Imported> {
     let path = src.path();
     let buckets = src.buckets()?;
     for (name, _) in &buckets {
@@ -160,9 +107,9 @@ fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
     if !buckets.iter().any(|(n, _)| n == KEY_BUCKET) {
         return Err(not_etcd(path, "it has no key bucket"));
     }
-    let db = crate::store::open_filled_db(dst, opts)?;
+    // Built front to back: etcd's buckets and keys come in order.
+    let mut fill = pager::Builder::create(dst, None)?;
     let mut out = Imported::default();
-    let mut fill = Filler::new(&db);
     let mut walk = src.walker();
     for (name, bucket) in &buckets {
         let name = name.as_slice();
@@ -172,7 +119,7 @@ fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
         }
         let mut copy = |k: &[u8], v: &[u8]| -> Result<()> {
             out.entries += 1;
-            fill.put(name, k, v)
+            fill.put(k, v).map_err(Error::from)
         };
         walk.for_each(bucket, &mut |k, item| {
             let bbolt::Item::Value(v) = item else {
@@ -259,7 +206,6 @@ fn build(src: &bbolt::Db, dst: &Path, opts: &StoreOptions) -> Result<Imported> {
     out.consistent_index = meta_u64(b"consistent_index")?;
     out.term = meta_u64(b"term")?;
     fill.finish()?;
-    db.close()?;
     Ok(out)
 }
 

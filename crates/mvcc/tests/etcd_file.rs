@@ -161,7 +161,7 @@ fn a_store_goes_out_as_etcds_file_and_back_unchanged() {
     );
 
     let dst = dir.path().join("dst");
-    let got = import(&db, &dst, &StoreOptions::default()).unwrap();
+    let got = import(&db, &dst).unwrap();
     assert_eq!(got.etcd, etcd_meta());
     let back = Store::open(&dst, StoreOptions::default()).unwrap();
     same_state(&src, &back);
@@ -189,7 +189,7 @@ fn bump_revision_marks_everything_before_compacted() {
         .unwrap();
     let db = bbolt::Db::open(&path).unwrap();
     let dst = dir.path().join("dst");
-    import(&db, &dst, &StoreOptions::default()).unwrap();
+    import(&db, &dst).unwrap();
     assert_eq!(
         finish_restore(&dst, 1000).unwrap(),
         Some(src.rev().0 + 1000)
@@ -249,7 +249,7 @@ fn a_bbolt_file_that_is_not_etcds_is_refused_and_nothing_is_left() {
         .unwrap();
         let db = bbolt::Db::open(&path).unwrap();
         let dst = dir.path().join(format!("{what}.out"));
-        let err = import(&db, &dst, &StoreOptions::default()).unwrap_err();
+        let err = import(&db, &dst).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.contains(says) && msg.contains("not etcd's data"),

@@ -89,6 +89,9 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A [`crate::Builder`] given a bucket or key out of order.
+    #[error("{0}: a build takes buckets and keys in increasing order")]
+    Unordered(String),
     /// An empty key: the pager reserves nothing for it, but no caller should store one.
     #[error("key is empty")]
     EmptyKey,

@@ -30,6 +30,7 @@
 //! ```
 
 mod btree;
+mod build;
 mod check;
 mod copy;
 mod db;
@@ -42,6 +43,7 @@ mod tx;
 mod unreached;
 
 pub use btree::cursor::{Cursor, Entry, Range};
+pub use build::Builder;
 pub use check::Stats;
 pub use copy::{CaughtUp, Copy};
 pub use db::{Db, Options, Space, MAX_VALUE_LEN};

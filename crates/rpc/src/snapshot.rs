@@ -150,7 +150,7 @@ impl SnapshotFile {
         };
         let src = &self.path;
         let r = match &self.kind {
-            Kind::Etcd(db) => mvcc::etcd_file::import(db, dst, opts).map(|_| ()),
+            Kind::Etcd(db) => mvcc::etcd_file::import(db, dst).map(|_| ()),
             Kind::KvdStore => std::fs::copy(src, dst).map(|_| ()).map_err(|e| {
                 mvcc::Error::Storage(pager::Error::Io {
                     op: "copy",

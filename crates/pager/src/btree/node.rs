@@ -42,6 +42,21 @@ impl Val {
 pub(crate) enum NewVal<'a> {
     Inline(&'a [u8]),
     Big(Vec<u8>),
+    /// A value already written in an overflow run (a build writes runs as values come).
+    Stored {
+        page: PageId,
+        len: usize,
+    },
+}
+
+impl NewVal<'_> {
+    /// Bytes the value takes in its leaf.
+    pub fn stored_len(&self) -> usize {
+        match self {
+            NewVal::Inline(b) => b.len(),
+            NewVal::Big(_) | NewVal::Stored { .. } => OVERFLOW_REF,
+        }
+    }
 }
 
 /// Where an entry's key lies in the node's buffer, with its search prefix.
@@ -147,6 +162,7 @@ impl Node {
                 len: b.len() as u32,
             },
             NewVal::Big(b) => Val::Big(b),
+            NewVal::Stored { page, len } => Val::Overflow { page, len },
         }
     }
 
