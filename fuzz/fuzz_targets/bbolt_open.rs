@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let dst = dir.path().join("store");
-    if mvcc::etcd_file::import(&db, &dst, &mvcc::StoreOptions::default()).is_ok() {
+    if mvcc::etcd_file::import(&db, &dst).is_ok() {
         if let Ok(store) = mvcc::Store::open(&dst, mvcc::StoreOptions::default()) {
             let _ = store.hash_kv(ids::Revision(0));
             let _ = store.close();
