@@ -375,3 +375,69 @@ async fn lock_and_election_answer_as_etcds() {
     let got = scenario(&k.client).await;
     common::assert_same_answers(&want, &got);
 }
+
+/// Leases granted with no id of the client's: increasing ids under the member's low 16 bits
+/// (the sign bit cleared), as etcd's request-id generator makes them, so the lock keys named
+/// by them list in the order the leases were granted. (etcd's ids skip the ones its other
+/// requests took from the same generator; kvd's count up by one.)
+async fn server_chosen_ids(url: &str) -> Vec<String> {
+    let mut c = Clients::new(url);
+    let mut ids = Vec::new();
+    let mut member = 0;
+    for _ in 0..5 {
+        let r = c
+            .lease
+            .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+            .await
+            .unwrap()
+            .into_inner();
+        member = r.header.unwrap().member_id;
+        ids.push(r.id);
+    }
+    let mut t = Vec::new();
+    let top = |id: i64| (id as u64) >> 48;
+    note(
+        &mut t,
+        format!("ids increase: {}", ids.windows(2).all(|w| w[1] > w[0])),
+    );
+    note(
+        &mut t,
+        format!(
+            "ids under the member's low bits: {}",
+            ids.iter().all(|id| top(*id) == member & 0x7fff)
+        ),
+    );
+    // Three waiters for one lock, in grant order of their leases: the lock's keys list so.
+    let held = c.lock("order", ids[0]).await.unwrap();
+    note(&mut t, held.replace(&format!("{:x}", ids[0]), "<first>"));
+    let waiting: Vec<_> = ids[1..3].iter().map(|id| c.lock("order", *id)).collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let keys = c.keys("order/").await;
+    let named: Vec<String> = ids[..3].iter().map(|id| format!("order/{id:x}")).collect();
+    note(
+        &mut t,
+        format!("lock keys in grant order: {}", keys == named),
+    );
+    for w in waiting {
+        w.abort();
+    }
+    for id in ids {
+        c.lease
+            .lease_revoke(LeaseRevokeRequest { id })
+            .await
+            .unwrap();
+    }
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_chosen_lease_ids_are_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let (e, _etcd) = Proc::single_etcd(dir.path());
+
+    let want = server_chosen_ids(&e.client).await;
+    let got = server_chosen_ids(&k.client).await;
+    common::assert_same_answers(&want, &got);
+    assert!(got.iter().all(|l| !l.ends_with("false")), "{got:?}");
+}

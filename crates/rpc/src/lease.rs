@@ -36,12 +36,47 @@ impl LeaseService {
     }
 }
 
-/// A lease id for a grant that left it to the server: positive, never 0.
-fn new_lease_id() -> i64 {
-    loop {
-        let id = rand::random::<i64>() & i64::MAX;
-        if id != 0 {
-            return id;
+/// Lease ids for grants that leave the id to the server, made as etcd's request-id generator
+/// makes them: the member id's low 16 bits, then 40 bits of the time the member started (in
+/// milliseconds) and an 8-bit counter, the last 48 bits counted up from there. A member's
+/// grants take increasing ids, so keys named by lease id (concurrency's lock and election
+/// keys) list in grant order, as on etcd; two members' ids differ in their top bits unless
+/// the members' own ids share their low 16.
+#[derive(Debug)]
+pub(crate) struct LeaseIds {
+    prefix: u64,
+    suffix: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseIds {
+    const SUFFIX_BITS: u32 = 48;
+    const COUNT_BITS: u32 = 8;
+
+    pub(crate) fn new(member: MemberId, now: std::time::SystemTime) -> LeaseIds {
+        let millis = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let time_bits = Self::SUFFIX_BITS - Self::COUNT_BITS;
+        LeaseIds {
+            prefix: (member.0 & 0xffff) << Self::SUFFIX_BITS,
+            suffix: std::sync::atomic::AtomicU64::new(
+                (millis & ((1 << time_bits) - 1)) << Self::COUNT_BITS,
+            ),
+        }
+    }
+
+    /// The next id: positive and never 0, as etcd takes them (its generator's ids with the
+    /// top bit cleared; one that is then 0 is skipped).
+    pub(crate) fn next(&self) -> i64 {
+        loop {
+            let suffix = self
+                .suffix
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .wrapping_add(1);
+            let id = (self.prefix | (suffix & ((1 << Self::SUFFIX_BITS) - 1))) & (i64::MAX as u64);
+            if id != 0 {
+                return id as i64;
+            }
         }
     }
 }
@@ -161,7 +196,7 @@ impl Lease for LeaseService {
             return Err(error::mvcc(&mvcc::Error::LeaseTtlTooLarge));
         }
         if r.id == 0 {
-            r.id = new_lease_id();
+            r.id = self.core.lease_ids.next();
         }
         self.core.check_quota(32).await?;
         match self.core.propose(Op::LeaseGrant(r), who.as_ref()).await? {
@@ -250,5 +285,46 @@ impl Lease for LeaseService {
         let mut resp = self.core.backend.store().leases();
         self.core.fill(&mut resp.header);
         Ok(Response::new(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn lease_ids_count_up_under_the_members_bits() {
+        // 2026-07-08 00:00:00 UTC, in milliseconds.
+        let now = UNIX_EPOCH + Duration::from_millis(1_783_468_800_000);
+        let ids = LeaseIds::new(MemberId(0x8e9e_05c5_2164_694d), now);
+        let first = ids.next();
+        // The member's low 16 bits on top, then the time's low 40 bits and a count of 1.
+        let expect = (0x694d_u64 << 48) | ((1_783_468_800_000_u64 & ((1 << 40) - 1)) << 8) | 1;
+        assert_eq!(first as u64, expect);
+        let next: Vec<i64> = (0..300).map(|_| ids.next()).collect();
+        assert!(next.windows(2).all(|w| w[1] == w[0] + 1));
+        assert_eq!(next[0], first + 1);
+        assert!(next.iter().all(|id| (*id as u64) >> 48 == 0x694d));
+    }
+
+    #[test]
+    fn lease_ids_stay_positive_when_the_member_bits_have_the_top_one() {
+        let ids = LeaseIds::new(MemberId(0xffff), UNIX_EPOCH);
+        let id = ids.next();
+        assert!(id > 0);
+        assert_eq!(id as u64, (0x7fff << 48) | 1);
+    }
+
+    #[test]
+    fn lease_ids_skip_zero() {
+        // Member bits 0x8000 are cleared with the sign bit; a suffix wrapping to 0 gives 0.
+        let ids = LeaseIds::new(MemberId(0x8000), UNIX_EPOCH);
+        ids.suffix.store(
+            (1 << LeaseIds::SUFFIX_BITS) - 1,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        assert_eq!(ids.next(), 1);
     }
 }

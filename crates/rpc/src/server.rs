@@ -117,6 +117,8 @@ pub struct Core {
     /// one made beside a single counted call may take its turn without waiting for that one's
     /// (at worst an fsync more for the two).
     kv_calls: AtomicUsize,
+    /// The ids of grants that leave them to the server.
+    pub(crate) lease_ids: crate::lease::LeaseIds,
 }
 
 /// Counts a KV call in [`Core`]'s calls in flight while it lives.
@@ -151,6 +153,7 @@ impl Core {
         dialer: consensus::Dialer,
     ) -> Arc<Core> {
         Arc::new(Core {
+            lease_ids: crate::lease::LeaseIds::new(node.id(), std::time::SystemTime::now()),
             id: node.id(),
             node,
             backend,
