@@ -10,10 +10,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::btree::node::{NewVal, Node, NodeRef};
-use crate::db::{max_entry, max_key_len, DEFAULT_PAGE_SIZE, MAX_VALUE_LEN};
+use crate::db::DEFAULT_PAGE_SIZE;
 use crate::error::{Error, Result};
-use crate::meta::{valid_page_size, Meta, META_LEN};
-use crate::page::{self, Kind, PageId, TxId, HEADER, LEAF_ELEM};
+use crate::meta::{self, valid_page_size};
+use crate::page::{self, PageId, LEAF_ELEM};
+use crate::tx::{check_entry, check_key};
 
 /// Bytes gathered before they are written.
 const WRITE_CHUNK: usize = 4 << 20;
@@ -79,7 +80,7 @@ impl Builder {
                 String::from_utf8_lossy(&self.done.last().expect("checked").0)
             )));
         }
-        self.check_key(name)?;
+        check_key(name, self.ps)?;
         self.bucket = Some(name.to_vec());
         self.levels = vec![(Node::empty_leaf(), 0)];
         self.last_key = None;
@@ -97,13 +98,7 @@ impl Builder {
                 String::from_utf8_lossy(bucket)
             )));
         }
-        self.check_key(key)?;
-        if value.len() > MAX_VALUE_LEN {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: MAX_VALUE_LEN,
-            });
-        }
+        let inline = check_entry(key, value, self.ps)?;
         match &mut self.last_key {
             Some(l) => {
                 l.clear();
@@ -112,37 +107,19 @@ impl Builder {
             None => self.last_key = Some(key.to_vec()),
         }
         // As a write transaction stores it: inline, or in an overflow run of its own.
-        let val = if LEAF_ELEM + key.len() + value.len() <= max_entry(self.ps) {
+        let val = if inline {
             NewVal::Inline(value)
         } else {
             let pages = page::run_pages(value.len(), self.ps);
-            let id = PageId(self.next);
-            self.next += pages;
-            // The header, the value, zeros to the run's end: each byte written once.
-            let at = self.out.len();
-            self.out.resize(at + HEADER, 0);
-            self.out.extend_from_slice(value);
-            self.out.resize(at + pages as usize * self.ps, 0);
-            let run = &mut self.out[at..];
-            page::write_header(run, id, Kind::Overflow, 0, (pages - 1) as u32);
-            page::seal(run);
+            let id = self.take(pages);
+            let at = self.out.len() - pages as usize * self.ps;
+            page::write_overflow(&mut self.out[at..], id, pages, value);
             NewVal::Stored {
                 page: id,
                 len: value.len(),
             }
         };
         self.add_entry(key, val)
-    }
-
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        let max = max_key_len(self.ps);
-        if key.is_empty() || key.len() > max {
-            return Err(Error::KeyTooLarge {
-                len: key.len(),
-                max,
-            });
-        }
-        Ok(())
     }
 
     /// Gives out `pages` zeroed pages at the end of the pending output; their first id.
@@ -266,18 +243,7 @@ impl Builder {
         let sync = |f: &File, path: &Path| f.sync_all().map_err(|e| Error::io("fsync", path, e));
         sync(&self.file, &self.path)?;
         let mut metas = vec![0u8; 2 * self.ps];
-        for slot in 0..2u64 {
-            let m = Meta {
-                page_size: self.ps as u32,
-                root,
-                freelist: PageId(0),
-                freelist_pages: 0,
-                high_water: self.next,
-                txid: TxId(slot),
-            };
-            let at = slot as usize * self.ps;
-            metas[at..at + META_LEN].copy_from_slice(&m.encode());
-        }
+        meta::write_first(&mut metas, self.ps as u32, root, self.next);
         self.file
             .write_all_at(&metas, 0)
             .map_err(|e| Error::io("write", &self.path, e))?;

@@ -322,18 +322,7 @@ fn init(file: &File, path: &Path, page_size: u32) -> Result<()> {
     let root = PageId(2);
     page::write_header(&mut buf[2 * ps..], root, Kind::Leaf, 0, 0);
     page::seal(&mut buf[2 * ps..]);
-    for slot in 0..2u64 {
-        let m = Meta {
-            page_size,
-            root,
-            freelist: PageId(0),
-            freelist_pages: 0,
-            high_water: 3,
-            txid: TxId(slot),
-        };
-        let at = slot as usize * ps;
-        buf[at..at + META_LEN].copy_from_slice(&m.encode());
-    }
+    meta::write_first(&mut buf, page_size, root, 3);
     file.write_all_at(&buf, 0)
         .map_err(|e| Error::io("write", path, e))?;
     file.sync_all().map_err(|e| Error::io("fsync", path, e))

@@ -30,6 +30,23 @@ pub(crate) struct Meta {
     pub txid: TxId,
 }
 
+/// Writes the metas of a new file into its first two pages of `buf`: txids 0 and 1, the tree
+/// of buckets at `root`, no freelist, `high_water` pages in use.
+pub(crate) fn write_first(buf: &mut [u8], page_size: u32, root: PageId, high_water: u64) {
+    for slot in 0..2u64 {
+        let m = Meta {
+            page_size,
+            root,
+            freelist: PageId(0),
+            freelist_pages: 0,
+            high_water,
+            txid: TxId(slot),
+        };
+        let at = slot as usize * page_size as usize;
+        buf[at..at + META_LEN].copy_from_slice(&m.encode());
+    }
+}
+
 impl Meta {
     pub fn encode(&self) -> [u8; META_LEN] {
         let mut b = [0u8; META_LEN];

@@ -171,6 +171,13 @@ pub(crate) fn seal(buf: &mut [u8]) {
     put_u32(buf, CHECKSUM_AT, c);
 }
 
+/// Writes `value` as overflow run `id` into `run`: zeroed, and exactly the run's pages long.
+pub(crate) fn write_overflow(run: &mut [u8], id: PageId, pages: u64, value: &[u8]) {
+    write_header(run, id, Kind::Overflow, 0, (pages - 1) as u32);
+    run[HEADER..HEADER + value.len()].copy_from_slice(value);
+    seal(run);
+}
+
 /// Pages needed for a run holding a header and `body` bytes.
 pub(crate) fn run_pages(body: usize, page_size: usize) -> u64 {
     (HEADER + body).div_ceil(page_size) as u64

@@ -205,15 +205,7 @@ impl BucketMut<'_> {
 
     /// Inserts `key` or replaces its value.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        let ps = self.snap.page_size;
-        check_key(key, ps)?;
-        if value.len() > MAX_VALUE_LEN {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: MAX_VALUE_LEN,
-            });
-        }
-        let val = if LEAF_ELEM + key.len() + value.len() <= max_entry(ps) {
+        let val = if check_entry(key, value, self.snap.page_size)? {
             NewVal::Inline(value)
         } else {
             NewVal::Big(value.to_vec())
@@ -243,7 +235,20 @@ impl BucketMut<'_> {
     }
 }
 
-fn check_key(key: &[u8], page_size: usize) -> Result<()> {
+/// Checks an entry to be stored; whether its value goes in its leaf (else in an overflow run
+/// of its own).
+pub(crate) fn check_entry(key: &[u8], value: &[u8], page_size: usize) -> Result<bool> {
+    check_key(key, page_size)?;
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::ValueTooLarge {
+            len: value.len(),
+            max: MAX_VALUE_LEN,
+        });
+    }
+    Ok(LEAF_ELEM + key.len() + value.len() <= max_entry(page_size))
+}
+
+pub(crate) fn check_key(key: &[u8], page_size: usize) -> Result<()> {
     if key.is_empty() {
         return Err(Error::EmptyKey);
     }

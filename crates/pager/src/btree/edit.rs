@@ -10,7 +10,7 @@ use super::node::{NewVal, Node, NodeRef, Val};
 use super::{Snap, Tree, MAX_DEPTH};
 use crate::error::Result;
 use crate::freelist::Run;
-use crate::page::{self, Kind, PageId, RawVal, HEADER};
+use crate::page::{self, PageId, RawVal, HEADER};
 
 #[derive(Debug)]
 pub(crate) struct Editor {
@@ -319,9 +319,7 @@ impl Editor {
                 let pages = page::run_pages(bytes.len(), self.page_size);
                 let id = alloc(pages);
                 let mut buf = vec![0u8; pages as usize * self.page_size];
-                page::write_header(&mut buf, id, Kind::Overflow, 0, (pages - 1) as u32);
-                buf[HEADER..HEADER + bytes.len()].copy_from_slice(bytes);
-                page::seal(&mut buf);
+                page::write_overflow(&mut buf, id, pages, bytes);
                 out.push(Write { id, buf });
                 *v = Val::Overflow {
                     page: id,
