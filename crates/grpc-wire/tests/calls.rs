@@ -123,6 +123,13 @@ impl Kv for Bridged {
     async fn range(&self, _: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         Err(Status::unimplemented("answered by the connection"))
     }
+    type RangeStreamStream = tonic::codegen::BoxStream<RangeStreamResponse>;
+    async fn range_stream(
+        &self,
+        _: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(Status::unimplemented("not served"))
+    }
     async fn put(&self, _: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         Err(Status::unimplemented("answered by the connection"))
     }

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use api::etcdserverpb::auth_client::AuthClient;
 use api::etcdserverpb::cluster_client::ClusterClient;
+use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::lease_client::LeaseClient;
 use api::etcdserverpb::maintenance_client::MaintenanceClient;
 use api::etcdserverpb::*;
 use api::v3electionpb::election_client::ElectionClient;
 use api::v3lockpb::lock_client::LockClient;
+use futures_util::{Stream, StreamExt};
 use prost::Message;
 use tonic::transport::Channel;
 use tonic::Status;
@@ -48,6 +50,7 @@ macro_rules! client {
 }
 
 impl Calls {
+    client!(kv, KvClient);
     client!(lease, LeaseClient);
     client!(cluster, ClusterClient);
     client!(maintenance, MaintenanceClient);
@@ -97,6 +100,29 @@ impl Calls {
         self.up.saw(resp.header.as_ref());
         self.ns.range_resp(&mut resp);
         Ok(resp)
+    }
+
+    /// etcd 3.7's RangeStream, forwarded: the chunks as the cluster sends them, under the
+    /// namespace.
+    pub async fn range_stream(
+        &self,
+        creds: &Creds,
+        mut r: RangeRequest,
+    ) -> Result<impl Stream<Item = Result<RangeStreamResponse, Status>> + Send + 'static, Status>
+    {
+        self.ns.range(&mut r);
+        self.check_send(&r)?;
+        let (i, mut c) = self.kv();
+        let chunks = self.answer(i, c.range_stream(creds.request(r)).await)?;
+        let calls = self.clone();
+        Ok(chunks.map(move |chunk| {
+            let mut chunk = chunk.inspect_err(|s| calls.up.failed(i, s))?;
+            if let Some(resp) = &mut chunk.range_response {
+                calls.up.saw(resp.header.as_ref());
+                calls.ns.range_resp(resp);
+            }
+            Ok(chunk)
+        }))
     }
 
     pub async fn put(&self, creds: &Creds, mut r: PutRequest) -> Result<PutResponse, Status> {

@@ -102,6 +102,19 @@ impl kv_server::Kv for Kv {
             .map(Response::new)
     }
 
+    type RangeStreamStream =
+        futures_util::stream::BoxStream<'static, Result<RangeStreamResponse, Status>>;
+
+    /// Forwarded past the cache (etcd's own proxy answers Unimplemented).
+    async fn range_stream(
+        &self,
+        req: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let creds = Creds::from_metadata(req.metadata());
+        let chunks = self.calls.range_stream(&creds, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(chunks)))
+    }
+
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let creds = Creds::from_metadata(req.metadata());
         Kv::put(self, &creds, req.into_inner())

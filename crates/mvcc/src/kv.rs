@@ -1,5 +1,5 @@
 //! etcd's request semantics on the store: Range (sort, filters, limit), Put, DeleteRange and
-//! Txn (compares, nested transactions, one revision), matching etcd 3.6's apply code.
+//! Txn (compares, nested transactions, one revision), matching etcd 3.7's apply code.
 
 use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use api::etcdserverpb::range_request::{SortOrder, SortTarget};
@@ -272,6 +272,12 @@ impl View for TxnWrite<'_, '_> {
 
 /// etcd's executeRange: filters, sort and limit on top of the store's range read.
 pub(crate) fn range(v: &mut impl View, r: &RangeRequest) -> Result<RangeResponse> {
+    range_with(v, r, false)
+}
+
+/// [`range`], whose `count` is every key in the range, or with `stop_at_limit` only the keys
+/// read (one past the limit when there are more): a chunk of etcd 3.7's RangeStream.
+fn range_with(v: &mut impl View, r: &RangeRequest, stop_at_limit: bool) -> Result<RangeResponse> {
     let filtered = r.min_mod_revision != 0
         || r.max_mod_revision != 0
         || r.min_create_revision != 0
@@ -291,6 +297,9 @@ pub(crate) fn range(v: &mut impl View, r: &RangeRequest) -> Result<RangeResponse
         limit,
         rev: Revision(r.revision),
         count: r.count_only,
+        // etcd 3.7 answers keys-only ranges from its index unless values order them.
+        keys_only: r.keys_only && target != SortTarget::Value,
+        stop_at_limit,
     };
     let mut rr = v.range(KeyRange::new(&r.key, &r.range_end), ro)?;
     if r.max_mod_revision != 0 {
@@ -549,6 +558,13 @@ impl Snapshot {
     pub fn range(&mut self, r: &RangeRequest) -> Result<RangeResponse> {
         validate::check_range(r)?;
         range(self, r)
+    }
+
+    /// One chunk of etcd 3.7's RangeStream at this view: a Range that reads no further than
+    /// its limit, so its `count` is not the range's.
+    pub fn range_chunk(&mut self, r: &RangeRequest) -> Result<RangeResponse> {
+        validate::check_range(r)?;
+        range_with(self, r, true)
     }
 
     /// A read-only Txn at this view.

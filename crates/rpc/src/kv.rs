@@ -1,5 +1,5 @@
 //! `etcdserverpb.KV`: reads from a store snapshot (after a ReadIndex round unless
-//! serializable), writes through consensus.
+//! serializable), streamed in chunks for RangeStream, writes through consensus.
 
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{self, AuthInfo};
 use crate::error;
+use crate::range_stream;
 use crate::request::{Op, Response as Applied};
 use crate::server::Core;
 
@@ -39,6 +40,18 @@ impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         let who = self.core.who(&req).await?;
         range(&self.core, who.as_ref(), req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type RangeStreamStream = range_stream::Chunks;
+
+    async fn range_stream(
+        &self,
+        req: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let who = self.core.who(&req).await?;
+        range_stream::range_stream(self.core.clone(), who, req.into_inner())
             .await
             .map(Response::new)
     }

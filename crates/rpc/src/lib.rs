@@ -21,6 +21,7 @@ mod kv;
 mod lease;
 mod maintenance;
 pub mod migrate;
+mod range_stream;
 pub mod request;
 pub mod server;
 pub mod snapshot;

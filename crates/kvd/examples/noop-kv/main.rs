@@ -39,7 +39,8 @@ use std::sync::Arc;
 use api::etcdserverpb::kv_server::{Kv, KvServer};
 use api::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
-    PutResponse, RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
+    PutResponse, RangeRequest, RangeResponse, RangeStreamResponse, ResponseHeader, TxnRequest,
+    TxnResponse,
 };
 use bytes::Bytes;
 use prost::Message;
@@ -235,6 +236,13 @@ struct TonicNoop(Arc<Noop>);
 impl Kv for TonicNoop {
     async fn range(&self, _: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         Ok(Response::new(self.0.range()))
+    }
+    type RangeStreamStream = tonic::codegen::BoxStream<RangeStreamResponse>;
+    async fn range_stream(
+        &self,
+        _: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(Status::unimplemented("not served"))
     }
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         Ok(Response::new(self.0.put(req.into_inner())))

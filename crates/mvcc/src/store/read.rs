@@ -35,6 +35,11 @@ pub struct RangeOptions {
     pub rev: Revision,
     /// Count only.
     pub count: bool,
+    /// Keys only, read from the index alone (etcd 3.7's fast keys-only range): each key with
+    /// its revisions and version, no value and no lease.
+    pub keys_only: bool,
+    /// Stop at the limit: `count` is then the keys returned, not every key in the range.
+    pub stop_at_limit: bool,
 }
 
 impl Inner {
@@ -117,19 +122,30 @@ impl Reader {
         } else {
             ro.limit as usize
         };
-        let mut revs = Vec::new();
+        let mut found = Vec::new();
         let mut total = 0i64;
-        ix.visit(range, at, |_, v| {
-            if revs.len() < limit {
-                revs.push(v.modified);
+        ix.visit(range, at, |k, v| {
+            if found.len() < limit {
+                found.push((ro.keys_only.then(|| k.to_vec()), v));
+            } else if ro.stop_at_limit {
+                return false;
             }
             total += 1;
             true
         });
         drop(ix);
-        let kvs = revs
+        let kvs = found
             .into_iter()
-            .map(|r| self.kv(&inner.path, r))
+            .map(|(key, v)| match key {
+                Some(key) => Ok(KeyValue {
+                    key,
+                    create_revision: v.created.main,
+                    mod_revision: v.modified.main,
+                    version: v.version,
+                    ..Default::default()
+                }),
+                None => self.kv(&inner.path, v.modified),
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(RangeResult {
             kvs,

@@ -119,7 +119,15 @@ impl Model {
             kvs.truncate(r.limit as usize);
         }
         if r.keys_only {
-            kvs.iter_mut().for_each(|kv| kv.value.clear());
+            // etcd 3.7 reads keys-only ranges from its index (no lease there) unless values
+            // order them.
+            let from_index = r.sort_target != 4;
+            for kv in &mut kvs {
+                kv.value.clear();
+                if from_index {
+                    kv.lease = 0;
+                }
+            }
         }
         Ok(RangeResponse {
             header: hdr(cur),
