@@ -186,40 +186,11 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
         tracing::debug!("TCP_NODELAY: {e}");
     }
     let peer = sock.peer_addr().ok();
-    let stream = match &mode.tls {
-        None => match listen::starts_tls(&sock).await {
-            Ok(false) => Stream::Plain(sock),
-            Ok(true) => return listen::refuse_tls(sock, "client").await,
-            Err(e) => {
-                tracing::debug!("client connection: {e}");
-                return;
-            }
-        },
-        Some(acceptor) => {
-            let tls = match listen::starts_tls(&sock).await {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::debug!("client connection: {e}");
-                    return;
-                }
-            };
-            if !tls && mode.plain {
-                Stream::Plain(sock)
-            } else if !tls {
-                listen::refuse_plaintext(sock, "client").await;
-                return;
-            } else {
-                match listen::handshake(acceptor, sock).await {
-                    Ok(s) => Stream::Tls(Box::new(s)),
-                    Err(e) => {
-                        // A client with a certificate of another CA, revoked, or none: the
-                        // client is told by the TLS alert; this is only worth a debug line.
-                        tracing::debug!(client = ?peer, "client TLS handshake failed: {e}");
-                        return;
-                    }
-                }
-            }
-        }
+    // A silent connection holds a descriptor only so long: the handshake by etcd's TLS
+    // listener's bound, the first request bytes by grpc-go's.
+    let preface_by = listen::open_by(false);
+    let Some(stream) = open(sock, &mode, listen::open_by(mode.tls.is_some())).await else {
+        return;
     };
     let mut ext = http::Extensions::new();
     if let Some(p) = peer {
@@ -231,21 +202,23 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
     {
         ext.insert(rpc::ClientCert { common_name: cn });
     }
-    let proto = match listen::alpn(&stream) {
-        Some(b"h2") => Some((Protocol::Http2, Vec::new())),
-        Some(b"http/1.1") => Some((Protocol::Http1, Vec::new())),
-        _ => None,
-    };
     let mut stream = stream;
-    let (proto, first) = match proto {
-        Some(p) => p,
-        None => match grpc_wire::sniff(&mut stream).await {
-            Ok(x) => x,
-            Err(e) => {
+    // HTTP/1.1 agreed by ALPN: hyper bounds the wait for the request's head. Otherwise the
+    // first bytes tell HTTP/2's preface from HTTP/1.1.
+    let (proto, first) = if listen::alpn(&stream) == Some(b"http/1.1") {
+        (Protocol::Http1, Vec::new())
+    } else {
+        match tokio::time::timeout_at(preface_by, grpc_wire::sniff(&mut stream)).await {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
                 tracing::debug!("client connection: {e}");
                 return;
             }
-        },
+            Err(_) => {
+                tracing::debug!(client = ?peer, "client connection closed: no request within {:?}", listen::PREFACE_TIMEOUT);
+                return;
+            }
+        }
     };
     let r = match proto {
         Protocol::Http2 => grpc_wire::serve(
@@ -274,13 +247,53 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
     }
 }
 
+/// The accepted `sock` in the clear, or through TLS, opened by `by`; `None` when refused or
+/// late (the client is told why where it can be).
+async fn open(sock: TcpStream, mode: &Mode, by: tokio::time::Instant) -> Option<Stream> {
+    let peer = sock.peer_addr().ok();
+    let tls = match listen::starts_tls(&sock, by).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(client = ?peer, "client connection: {e}");
+            return None;
+        }
+    };
+    match (&mode.tls, tls) {
+        (None, false) => Some(Stream::Plain(sock)),
+        (None, true) => {
+            listen::refuse_tls(sock, "client").await;
+            None
+        }
+        (Some(_), false) if mode.plain => Some(Stream::Plain(sock)),
+        (Some(_), false) => {
+            listen::refuse_plaintext(sock, "client").await;
+            None
+        }
+        (Some(acceptor), true) => match listen::handshake(acceptor, sock, by).await {
+            Ok(s) => Some(Stream::Tls(Box::new(s))),
+            Err(e) => {
+                // A client with a certificate of another CA, revoked, or none: the client is
+                // told by the TLS alert; this is only worth a debug line.
+                tracing::debug!(client = ?peer, "client TLS handshake failed: {e}");
+                None
+            }
+        },
+    }
+}
+
+/// etcd 3.7.1's `ReadHeaderTimeout` of its client HTTP server.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
 async fn http1(
     io: grpc_wire::Rewind<Stream>,
     router: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let svc = hyper_util::service::TowerToHyperService::new(router);
+    // As etcd 3.7.1's HTTP server: a request's head must arrive within five minutes.
     let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
         .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
     let mut stop = std::pin::pin!(stopped(stop));

@@ -7,12 +7,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 type Result<T, E = String> = std::result::Result<T, E>;
 
-/// How long a client has to finish its TLS handshake (a stalled one holds a socket only this
-/// long).
+/// How long a connection to a TLS listener has to open and finish its TLS handshake, from
+/// when it is accepted (etcd 3.7.1's TLS listener: 10 s).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long any connection has to send its first request bytes (the HTTP/2 preface) from
+/// when it is accepted: grpc-go's connection timeout, under which etcd serves gRPC.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// When a connection accepted now must have opened: its TLS handshake done (a TLS listener)
+/// or its first byte sent (in the clear). A silent socket holds a descriptor only this long.
+pub fn open_by(tls: bool) -> Instant {
+    Instant::now()
+        + if tls {
+            HANDSHAKE_TIMEOUT
+        } else {
+            PREFACE_TIMEOUT
+        }
+}
+
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, format!("{what} timed out"))
+}
 
 /// A listener and what it speaks.
 #[derive(Debug)]
@@ -86,27 +106,28 @@ pub async fn bind(urls: &[(String, bool)], what: &str) -> Result<Vec<Bound>> {
     Ok(out.into_iter().map(|(_, b)| b).collect())
 }
 
-/// Whether a connection's first byte opens a TLS handshake (a TLS record of type handshake).
-pub async fn starts_tls(sock: &TcpStream) -> io::Result<bool> {
+/// Whether a connection's first byte, sent by `by`, opens a TLS handshake (a TLS record of
+/// type handshake).
+pub async fn starts_tls(sock: &TcpStream, by: Instant) -> io::Result<bool> {
     let mut first = [0u8; 1];
-    let n = sock.peek(&mut first).await?;
+    let n = tokio::time::timeout_at(by, sock.peek(&mut first))
+        .await
+        .map_err(|_| timed_out("waiting for the first byte"))??;
     Ok(n == 1 && first[0] == 0x16)
 }
 
-/// The TLS handshake of an accepted connection, bounded in time. A refused client (another
+/// The TLS handshake of an accepted connection, done by `by`. A refused client (another
 /// CA, no certificate) has been sent the alert saying why; its socket is closed only once
 /// the client has read it, or a closing with its bytes unread would reset the connection and
 /// the client would see "broken pipe" rather than the reason.
 pub async fn handshake(
     acceptor: &tokio_rustls::TlsAcceptor,
     sock: TcpStream,
+    by: Instant,
 ) -> io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
     let accept = acceptor.accept(sock).into_fallible();
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
+    match tokio::time::timeout_at(by, accept).await {
+        Err(_) => Err(timed_out("TLS handshake")),
         Ok(Ok(s)) => Ok(s),
         Ok(Err((e, sock))) => {
             drain(sock).await;

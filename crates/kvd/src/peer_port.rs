@@ -92,7 +92,8 @@ async fn accept(sock: TcpStream, tls: Option<PeerTls>, plain: bool) -> Option<St
         tracing::debug!("TCP_NODELAY: {e}");
     }
     let remote = sock.peer_addr().ok()?;
-    let starts_tls = listen::starts_tls(&sock).await.ok()?;
+    let by = listen::open_by(tls.is_some());
+    let starts_tls = listen::starts_tls(&sock, by).await.ok()?;
     let Some(tls) = tls else {
         if starts_tls {
             tracing::warn!(peer = %remote, "a peer spoke TLS to a plaintext peer port: refused (is its peer URL https:// where it should be http://?)");
@@ -109,7 +110,7 @@ async fn accept(sock: TcpStream, tls: Option<PeerTls>, plain: bool) -> Option<St
         listen::refuse_plaintext(sock, "peer").await;
         return None;
     }
-    let s = match listen::handshake(&listen::acceptor(tls.config), sock).await {
+    let s = match listen::handshake(&listen::acceptor(tls.config), sock, by).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(peer = %remote, "peer TLS handshake failed: {e}");

@@ -155,3 +155,90 @@ fn range_stream_slow_readers_hold_bounded_memory() {
         kvd_growth >> 20
     );
 }
+
+/// Connects `n` sockets to `hostport` that send nothing, each watched by a thread: how long
+/// after connecting the server closed each (`None`: still open after `limit`).
+fn silent_connections(hostport: &str, n: usize, limit: Duration) -> Vec<Option<Duration>> {
+    use std::io::Read;
+    let watchers: Vec<_> = (0..n)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(hostport).unwrap();
+            let opened = Instant::now();
+            s.set_read_timeout(Some(limit)).unwrap();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => return Some(opened.elapsed()),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return None,
+                        Err(_) => return Some(opened.elapsed()),
+                    }
+                }
+            })
+        })
+        .collect();
+    watchers.into_iter().map(|w| w.join().unwrap()).collect()
+}
+
+/// Silent sockets are closed on time while a real client is served: on a TLS client port
+/// after 10 s without a finished handshake (as etcd 3.7.1's), in the clear after 120 s
+/// without the first request bytes (grpc-go's connection timeout; etcd 3.7.1 keeps those
+/// open).
+#[test]
+fn silent_connections_are_closed_on_time() {
+    use common::pki::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let alice = ca.issue("alice", "alice");
+    let etcd = common::etcd_tools(ETCD).join("etcd");
+    let (e, _etcd) = Proc::single_tls(
+        &etcd,
+        &dir.path().join("etcd-tls"),
+        &server,
+        &ca.cert,
+        &alice,
+    );
+    let (k, _kvd) = Proc::single_tls(
+        Path::new(common::kvd_bin()),
+        &dir.path().join("kvd-tls"),
+        &server,
+        &ca.cert,
+        &alice,
+    );
+    let (plain, _plain) = Proc::single_kvd(dir.path());
+    let probes: Vec<_> = [
+        (e.client_hostport(), Duration::from_secs(30)),
+        (k.client_hostport(), Duration::from_secs(30)),
+        (plain.client_hostport(), Duration::from_secs(150)),
+    ]
+    .into_iter()
+    .map(|(hostport, limit)| std::thread::spawn(move || silent_connections(&hostport, 50, limit)))
+    .collect();
+    // Served meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    let ctl = alice.ctl_flags(&ca.cert);
+    let mut args: Vec<&str> = ctl.iter().map(String::as_str).collect();
+    args.extend(["put", "served", "yes"]);
+    common::ctl_ok(&k.endpoint(), &args);
+    common::ctl_ok(&plain.endpoint(), &["put", "served", "yes"]);
+    let [etcd_tls, kvd_tls, kvd_plain]: [Vec<Option<Duration>>; 3] = probes
+        .into_iter()
+        .map(|p| p.join().unwrap())
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    let within = |closed: &[Option<Duration>], lo: u64, hi: u64| {
+        closed.iter().all(|c| {
+            c.is_some_and(|d| d >= Duration::from_secs(lo) && d <= Duration::from_secs(hi))
+        })
+    };
+    assert!(within(&etcd_tls, 9, 20), "etcd 3.7.1, TLS: {etcd_tls:?}");
+    assert!(within(&kvd_tls, 9, 20), "kvd, TLS: {kvd_tls:?}");
+    assert!(
+        within(&kvd_plain, 119, 140),
+        "kvd, in the clear: {kvd_plain:?}"
+    );
+}

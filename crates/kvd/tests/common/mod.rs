@@ -243,7 +243,7 @@ impl Proc {
         )
     }
 
-    fn single_tls(
+    pub fn single_tls(
         bin: &Path,
         dir: &Path,
         server: &pki::Pair,
