@@ -1,12 +1,12 @@
-//! Authentication and RBAC, against kvd and etcd v3.6.5 side by side: etcdctl's `user`,
-//! `role` and `auth` commands print the same; every permission corner (ops nested in a txn,
-//! `prev_kv`, keys reached through a lease, watch, lock and election, maintenance, cluster and
-//! auth-admin calls, compaction, alarms) is refused to a user who lacks the permission, and the
-//! data is untouched — where etcd 3.6.5 lets such a call through, the test shows that too;
-//! simple tokens expire, JWTs (ES256) are checked for their key, expiry and auth revision; a
-//! client certificate's CN is the user with `--client-cert-auth`; the JSON gateway takes the
-//! token in `Authorization`; users, roles and tokens are replicated in a cluster and survive a
-//! restart.
+//! Authentication and RBAC, against kvd and etcd v3.6.5 (3.7.1 too for etcdctl) side by side:
+//! etcdctl's `user`, `role` and `auth` commands print the same; every permission corner (ops
+//! nested in a txn, `prev_kv`, keys reached through a lease, watch, lock and election,
+//! maintenance, cluster and auth-admin calls, compaction, alarms) is refused to a user who
+//! lacks the permission, and the data is untouched — where etcd 3.6.5 lets such a call
+//! through, the test shows that too; AuthStatus answers anyone, as etcd 3.7's; simple tokens
+//! expire, JWTs (ES256) are checked for their key, expiry and auth revision; a client
+//! certificate's CN is the user with `--client-cert-auth`; the JSON gateway takes the token in
+//! `Authorization`; users, roles and tokens are replicated in a cluster and survive a restart.
 
 mod common;
 
@@ -158,14 +158,41 @@ fn run_script(m: &Addrs) -> Vec<String> {
         .collect()
 }
 
+/// The script against etcd 3.7.1 and 3.6.5: kvd prints what each prints, but the lines 3.7
+/// changed (a user who is not root may ask `auth status` and `endpoint status`) as 3.7.1, and
+/// `endpoint status` (whose versions say 3.6 on kvd) as neither.
 #[test]
 fn etcdctl_user_role_and_auth_commands_print_against_kvd_what_they_print_against_etcd() {
+    const CHANGED_IN_37: [&str; 2] = [
+        "--user alice:alicepw auth status",
+        "--user alice:alicepw endpoint status",
+    ];
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
     let (e, _etcd) = Proc::single_etcd(dir.path());
-    let want = run_script(&e);
+    let m = Addrs::new("default");
+    let etcd37 = common::etcd_tools("v3.7.1").join("etcd");
+    let dir37 = dir.path().join("etcd37");
+    let mut e37 = Proc::start(&etcd37, &m, &dir37, std::slice::from_ref(&m), "new", &[]);
+    e37.wait_ready();
+    let without = |answers: Vec<String>, lines: &[&str]| -> Vec<String> {
+        SCRIPT
+            .iter()
+            .zip(answers)
+            .filter(|(l, _)| !lines.contains(l))
+            .map(|(_, a)| a)
+            .collect()
+    };
     let got = run_script(&k);
-    common::assert_same_answers(&want, &got);
+    let status = &CHANGED_IN_37[1..];
+    common::assert_same_answers(
+        &without(run_script(&m), status),
+        &without(got.clone(), status),
+    );
+    common::assert_same_answers(
+        &without(run_script(&e), &CHANGED_IN_37),
+        &without(got, &CHANGED_IN_37),
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -754,8 +781,12 @@ async fn a_user_without_the_permission_reaches_nothing_through_any_corner() {
             }
             Ok(_) => false,
         };
-        if !denied(&kvd) {
-            report.push(format!("kvd let {c:?} through: {kvd:?}"));
+        // etcd 3.7 answers AuthStatus to any caller (whether auth is on, and its revision),
+        // and Status to any user.
+        let kvd_open = matches!(c, Corner::AuthStatus | Corner::Status);
+        if denied(&kvd) == kvd_open {
+            let did = if kvd_open { "refused" } else { "let through" };
+            report.push(format!("kvd {did} {c:?}: {kvd:?}"));
         }
         if open_in_etcd(c) == denied(&etcd) {
             report.push(format!(
@@ -1178,4 +1209,116 @@ async fn users_roles_and_tokens_are_replicated_and_users_survive_a_restart() {
     assert_eq!(again.get("/a/1").await.unwrap().as_deref(), Some("v"));
     // The token from m2 still works there.
     assert_eq!(alice.get("/a/1").await.unwrap().as_deref(), Some("v"));
+}
+
+/// What a caller gets from the calls etcd 3.7 opened to any user and closed to callers without
+/// credentials: each call's outcome, `ok` or the error's message.
+async fn any_user_calls(c: &Client) -> Vec<String> {
+    fn out<T>(what: &str, r: Result<T, Status>) -> String {
+        match r {
+            Ok(_) => format!("{what}: ok"),
+            Err(s) => format!("{what}: {}", s.message()),
+        }
+    }
+    let ch = c.ch.clone();
+    let mut seen = vec![
+        out(
+            "status",
+            MaintenanceClient::new(ch.clone())
+                .status(c.req(StatusRequest {}))
+                .await,
+        ),
+        out(
+            "member list",
+            ClusterClient::new(ch.clone())
+                .member_list(c.req(MemberListRequest::default()))
+                .await,
+        ),
+        out(
+            "alarm list",
+            MaintenanceClient::new(ch.clone())
+                .alarm(c.req(AlarmRequest::default()))
+                .await,
+        ),
+        out(
+            "auth status",
+            c.auth().auth_status(c.req(AuthStatusRequest {})).await,
+        ),
+        out(
+            "lease grant",
+            LeaseClient::new(ch.clone())
+                .lease_grant(c.req(LeaseGrantRequest { ttl: 100, id: 0 }))
+                .await,
+        ),
+        out(
+            "lease list",
+            LeaseClient::new(ch.clone())
+                .lease_leases(c.req(LeaseLeasesRequest {}))
+                .await,
+        ),
+        out(
+            "time to live",
+            LeaseClient::new(ch.clone())
+                .lease_time_to_live(c.req(LeaseTimeToLiveRequest {
+                    id: SECRET_LEASE,
+                    keys: false,
+                }))
+                .await,
+        ),
+        out(
+            "lease revoke of a lease without keys",
+            LeaseClient::new(ch.clone())
+                .lease_revoke(c.req(LeaseRevokeRequest { id: 12345 }))
+                .await,
+        ),
+    ];
+    let renew = LeaseKeepAliveRequest { id: SECRET_LEASE };
+    let ka = LeaseClient::new(ch)
+        .lease_keep_alive(c.req(tokio_stream::iter(vec![renew])))
+        .await;
+    let ka = match ka {
+        Ok(r) => r.into_inner().message().await.map(|_| ()),
+        Err(s) => Err(s),
+    };
+    seen.push(out("keep-alive of root's lease", ka));
+    seen
+}
+
+/// etcd 3.7 refuses every corner a user without the permission tries, as kvd does; it lets any
+/// user ask for the status, the member and alarm lists, and requires credentials for them and
+/// for leases: kvd answers those calls as etcd 3.7.1 does, to a user and to a caller without
+/// credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_user_may_ask_is_what_etcd_3_7_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Addrs::new("default");
+    let etcd37 = common::etcd_tools("v3.7.1").join("etcd");
+    let dir37 = dir.path().join("etcd37");
+    let mut e = Proc::start(&etcd37, &m, &dir37, std::slice::from_ref(&m), "new", &[]);
+    e.wait_ready();
+    let (k, _kvd) = Proc::single_kvd(dir.path());
+    let (_, e_mallory) = setup(&m.client).await;
+    let (_, k_mallory) = setup(&k.client).await;
+    let mut report = Vec::new();
+    for &c in CORNERS {
+        let kvd = attempt(&k_mallory, c)
+            .await
+            .map_err(|s| s.message().to_string());
+        let etcd = attempt(&e_mallory, c)
+            .await
+            .map_err(|s| s.message().to_string());
+        if kvd.is_ok() != etcd.is_ok() {
+            report.push(format!("{c:?}: etcd 3.7.1 {etcd:?}, kvd {kvd:?}"));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    let anon = |url: &str| Client::new(url);
+    for (who, e, k) in [
+        ("a user", e_mallory, k_mallory),
+        ("no credentials", anon(&m.client), anon(&k.client)),
+    ] {
+        let want = any_user_calls(&e).await;
+        let got = any_user_calls(&k).await;
+        assert_eq!(got, want, "{who}: kvd, then etcd 3.7.1");
+    }
 }

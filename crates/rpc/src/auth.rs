@@ -21,4 +21,4 @@ pub use perms::{Checks, Need};
 pub use service::AuthService;
 pub use token::{BadAuthToken, SimpleTokens, Tokens};
 
-pub(crate) use perms::{compaction, delete_range, put, range, txn};
+pub(crate) use perms::{delete_range, put, range, txn};

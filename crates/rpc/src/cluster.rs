@@ -325,9 +325,12 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
+        let who = self.core.who(&req).await?;
         if req.into_inner().linearizable {
             self.core.linearize().await?;
         }
+        // As etcd 3.7: any user (clients find moved members through it).
+        self.core.signed_in(who.as_ref())?;
         Ok(Response::new(MemberListResponse {
             header: self.header(),
             members: to_pb(&self.core.node.members()),

@@ -87,7 +87,7 @@ impl Kv for KvService {
         let who = self.core.who(&req).await?;
         let r = req.into_inner();
         self.core.refuse_learner()?;
-        self.core.permitted(who.as_ref(), |c| auth::compaction(c))?;
+        self.core.admin(who.as_ref())?;
         let (rev, physical) = (r.revision, r.physical);
         match self.core.propose(Op::Compaction(r), who.as_ref()).await? {
             Applied::Compaction(mut resp) => {

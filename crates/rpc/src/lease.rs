@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{Checks, Need};
+use crate::auth::{AuthInfo, Checks, Need};
 use crate::error;
 use crate::request::{Op, Response as Applied};
 use crate::server::Core;
@@ -90,6 +90,17 @@ struct Forward {
 
 impl LeaseService {
     /// One keep-alive: renewed here on the leader, else through `fwd` at the leader.
+    /// etcd 3.7's check of a renewal (`checkLeaseRenew`): with auth on, a caller, and one
+    /// who may write every key of the lease unless an admin.
+    fn may_renew(&self, who: &Renewer, id: LeaseId) -> Result<(), Status> {
+        let Renewer::Client(who) = who else {
+            return Ok(());
+        };
+        self.core.signed_in(who.as_ref())?;
+        self.core.permitted(who.as_ref(), |c| c.lease(id))?;
+        self.core.auth_unchanged(who.as_ref())
+    }
+
     async fn renew(&self, id: LeaseId, fwd: &mut Option<Forward>) -> Result<i64, Status> {
         if self.core.is_leader() {
             *fwd = None;
@@ -154,7 +165,7 @@ impl LeaseService {
 impl LeaseService {
     /// Serves one keep-alive stream whose requests come from `input` (a gRPC stream, or the
     /// JSON gateway's); it ends when the input does.
-    pub(crate) fn keep_alive<S>(&self, mut input: S) -> KeepAliveOut
+    pub(crate) fn keep_alive<S>(&self, who: Renewer, mut input: S) -> KeepAliveOut
     where
         S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Send + Unpin + 'static,
     {
@@ -163,7 +174,11 @@ impl LeaseService {
         tokio::spawn(async move {
             let mut fwd = None;
             while let Some(Ok(r)) = input.next().await {
-                let out = svc.renew(LeaseId(r.id), &mut fwd).await.map(|ttl| {
+                let renewed = match svc.may_renew(&who, LeaseId(r.id)) {
+                    Ok(()) => svc.renew(LeaseId(r.id), &mut fwd).await,
+                    Err(e) => Err(e),
+                };
+                let out = renewed.map(|ttl| {
                     let rev = svc.core.backend.store().rev();
                     LeaseKeepAliveResponse {
                         header: Some(svc.core.header(rev)),
@@ -181,6 +196,14 @@ impl LeaseService {
     }
 }
 
+/// Who renews over a keep-alive stream.
+pub(crate) enum Renewer {
+    /// A client (`None`: no credentials).
+    Client(Option<AuthInfo>),
+    /// A member forwarding its clients' renewals to the leader, having checked them.
+    Member,
+}
+
 pub(crate) type KeepAliveOut =
     Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
 
@@ -191,6 +214,7 @@ impl Lease for LeaseService {
         req: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let who = self.core.who(&req).await?;
+        self.core.signed_in(who.as_ref())?;
         let mut r = req.into_inner();
         if r.ttl > mvcc::lease::MAX_LEASE_TTL {
             return Err(error::mvcc(&mvcc::Error::LeaseTtlTooLarge));
@@ -213,6 +237,7 @@ impl Lease for LeaseService {
         req: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let who = self.core.who(&req).await?;
+        self.core.signed_in(who.as_ref())?;
         let r = req.into_inner();
         // Revoking deletes the lease's keys: the caller must be able to write them all.
         self.core
@@ -232,7 +257,12 @@ impl Lease for LeaseService {
         &self,
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Ok(Response::new(self.keep_alive(req.into_inner())))
+        // A forwarded stream was checked by the member it came through.
+        let who = match crate::forwarded(&req) {
+            true => Renewer::Member,
+            false => Renewer::Client(self.core.who(&req).await?),
+        };
+        Ok(Response::new(self.keep_alive(who, req.into_inner())))
     }
 
     async fn lease_time_to_live(
@@ -241,6 +271,9 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let who = self.core.who(&req).await?;
         let forwarded = crate::forwarded(&req);
+        if !forwarded {
+            self.core.signed_in(who.as_ref())?;
+        }
         let r = req.into_inner();
         // etcd checks what the keys reveal where the request arrives (a forwarded one was
         // checked by the member that forwarded it): each must be readable, or the answer is
@@ -279,10 +312,25 @@ impl Lease for LeaseService {
 
     async fn lease_leases(
         &self,
-        _req: Request<LeaseLeasesRequest>,
+        req: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        let who = self.core.who(&req).await?;
+        self.core.signed_in(who.as_ref())?;
         self.core.linearize().await?;
-        let mut resp = self.core.backend.store().leases();
+        let store = self.core.backend.store();
+        let mut resp = store.leases();
+        // As etcd 3.7: a user who is not an admin must be able to read every leased key.
+        if self.core.admin(who.as_ref()).is_err() {
+            let keys: Vec<Vec<u8>> = resp
+                .leases
+                .iter()
+                .flat_map(|l| store.lease_keys(LeaseId(l.id)).unwrap_or_default())
+                .collect();
+            self.core.permitted(who.as_ref(), |c| {
+                keys.iter().try_for_each(|k| c.need(Need::Read, k, &[]))
+            })?;
+            self.core.auth_unchanged(who.as_ref())?;
+        }
         self.core.fill(&mut resp.header);
         Ok(Response::new(resp))
     }

@@ -53,6 +53,8 @@ impl Maintenance for MaintenanceService {
         let r = req.into_inner();
         match AlarmAction::try_from(r.action) {
             Ok(AlarmAction::Get) => {
+                // As etcd 3.7: any user may list.
+                self.core.signed_in(who.as_ref())?;
                 // etcd answers a list through its log, so it sees every alarm raised or
                 // cleared before the call: here a ReadIndex does, whichever member answers
                 // (a disarm lists first and would miss an alarm a lagging member had not yet
@@ -79,7 +81,7 @@ impl Maintenance for MaintenanceService {
             }
             Ok(AlarmAction::Activate | AlarmAction::Deactivate) => {
                 // Raising an alarm stops every write; clearing one lifts a stop the cluster
-                // raised: an admin's call (etcd 3.6.5 lets any caller make it).
+                // raised: an admin's call (as etcd 3.7; 3.6.5 let any caller make it).
                 self.core.admin(who.as_ref())?;
                 match self.core.propose(Op::Alarm(r), who.as_ref()).await? {
                     Applied::Alarm(mut resp) => {
@@ -97,7 +99,8 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.core.admin(self.core.who(&req).await?.as_ref())?;
+        // As etcd 3.7: any user.
+        self.core.signed_in(self.core.who(&req).await?.as_ref())?;
         let st = self.core.node.status();
         let store = self.core.backend.store();
         // As bbolt reports them to etcd: up to the high-water mark, and that less the pages the

@@ -253,9 +253,11 @@ func TestRangeStreamAnswersAsEtcd(t *testing.T) {
 	}
 }
 
-// A read-only user: RangeStream checks the range as Range does.
+// A read-only user: RangeStream checks the range as Range does. AuthStatus answers a caller
+// without credentials (etcd 3.7).
 func TestRangeStreamChecksPermissions(t *testing.T) {
 	var errs [2][2]string
+	var status [2]string
 	for i, ep := range []string{endpoint(t, "ETCD_ENDPOINT"), endpoint(t, "KVD_ENDPOINT")} {
 		root := dial(t, ep, "", "")
 		x := ctx(t)
@@ -283,6 +285,12 @@ func TestRangeStreamChecksPermissions(t *testing.T) {
 		}
 		errs[i][0] = stream(t, reader, "b/", clientv3.WithPrefix()).err
 		errs[i][1] = stream(t, reader, "k/", clientv3.WithFromKey()).err
+		anon := dial(t, ep, "", "")
+		if st, err := anon.AuthStatus(x); err != nil {
+			status[i] = err.Error()
+		} else {
+			status[i] = fmt.Sprintf("enabled %v, revision %d", st.Enabled, st.AuthRevision)
+		}
 		admin := dial(t, ep, "root", "rootpw")
 		if _, err := admin.AuthDisable(x); err != nil {
 			t.Fatal(err)
@@ -290,5 +298,8 @@ func TestRangeStreamChecksPermissions(t *testing.T) {
 	}
 	if errs[0] != errs[1] || errs[1][0] == "" || errs[1][1] == "" {
 		t.Errorf("refusals: etcd %q, kvd %q", errs[0], errs[1])
+	}
+	if status[0] != status[1] || !strings.HasPrefix(status[1], "enabled true") {
+		t.Errorf("AuthStatus without credentials: etcd %q, kvd %q", status[0], status[1])
 	}
 }

@@ -134,6 +134,15 @@ impl Core {
         }
     }
 
+    /// etcd 3.7's check of the calls any user may make (`requireAuthInfo`): with auth on, the
+    /// caller must be someone ("user name is empty" otherwise).
+    pub fn signed_in(&self, who: Option<&AuthInfo>) -> Result<(), Status> {
+        if who.is_none() && self.backend.store().auth_enabled() {
+            return Err(AuthError::UserEmpty.status());
+        }
+        Ok(())
+    }
+
     /// etcd's admin check: with auth on, only a user with the `root` role.
     pub fn admin(&self, who: Option<&AuthInfo>) -> Result<(), Status> {
         self.permitted(who, |c| c.admin())

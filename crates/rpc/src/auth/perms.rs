@@ -182,10 +182,6 @@ pub fn delete_range<C: Checks>(c: &mut C, d: &DeleteRangeRequest) -> Result<(), 
 
 /// Compaction drops history of every key: kvd asks for write permission on all of them (etcd
 /// 3.6.5 lets any caller compact).
-pub fn compaction<C: Checks>(c: &mut C) -> Result<(), C::Error> {
-    c.need(Need::Write, &[0], &[0])
-}
-
 /// Every compare and every op of both branches, at every depth: whichever branch runs, the
 /// caller may do all of it.
 pub fn txn<C: Checks>(c: &mut C, t: &TxnRequest) -> Result<(), C::Error> {
