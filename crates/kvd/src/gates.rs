@@ -1,4 +1,4 @@
-//! etcd 3.6's `--feature-gates`: `Name=bool` pairs by etcd's names, with etcd's errors for an
+//! etcd's `--feature-gates` (3.6's and 3.7's): `Name=bool` pairs by etcd's names, with etcd's errors for an
 //! unknown gate or a bad value. A gate kvd implements takes either value; one it does not is
 //! refused when turned on, with the reason; the deprecated `--experimental-*` flag that sets the
 //! same thing may not be given beside its gate (etcd's "cannot specify both flags").
@@ -28,7 +28,7 @@ struct Gate {
     support: Support,
 }
 
-/// etcd 3.6.5's gates (`etcd --help`), but AllAlpha and AllBeta, which set the defaults of the
+/// etcd 3.7.1's gates (`etcd --help`), but AllAlpha and AllBeta, which set the defaults of the
 /// others of their stage.
 const GATES: &[Gate] = &[
     Gate {
@@ -37,6 +37,14 @@ const GATES: &[Gate] = &[
         default: false,
         support: Support::No(
             "kvd keeps no hashes of past compactions; --corrupt-check-time compares members' hashes",
+        ),
+    },
+    Gate {
+        name: "FastLeaseKeepAlive",
+        stage: Stage::Beta,
+        default: true,
+        support: Support::No(
+            "kvd renews a lease once a quorum confirms its leader and the applied index catches up (etcd's way with the gate off)",
         ),
     },
     Gate {
@@ -56,6 +64,12 @@ const GATES: &[Gate] = &[
         stage: Stage::Alpha,
         default: false,
         support: Support::Moot("kvd always stores a checkpointed lease's remaining TTL"),
+    },
+    Gate {
+        name: "PriorityRequest",
+        stage: Stage::Alpha,
+        default: false,
+        support: Support::Yes,
     },
     Gate {
         name: "SetMemberLocalAddr",
@@ -84,6 +98,9 @@ pub struct Gates {
     pub initial_corrupt_check: bool,
     /// Checkpoint leases' remaining TTLs (kvd's default: on).
     pub lease_checkpoint: bool,
+    /// Let a LeaseRevoke through while the applied index lags the commit index by up to twice
+    /// what other requests may (etcd 3.7's PriorityRequest), so expired leases go in time.
+    pub priority_request: bool,
 }
 
 /// The deprecated flags a gate replaces, as given (None: not given).
@@ -176,6 +193,7 @@ pub fn parse(spec: &str, old: Deprecated) -> Result<Gates, String> {
         // kvd's own default: checkpoints on (a leader change otherwise restarts every lease
         // from its full TTL).
         lease_checkpoint: checkpoint.unwrap_or(true),
+        priority_request: value(gate("PriorityRequest")).unwrap_or(gate("PriorityRequest").default),
     })
 }
 
@@ -190,7 +208,8 @@ mod tests {
     #[test]
     fn defaults_and_implemented_gates() {
         let d = gates("").unwrap();
-        assert!(!d.initial_corrupt_check && d.lease_checkpoint);
+        assert!(!d.initial_corrupt_check && d.lease_checkpoint && !d.priority_request);
+        assert!(gates("PriorityRequest=true").unwrap().priority_request);
         let g = gates("InitialCorruptCheck=true, LeaseCheckpoint=false").unwrap();
         assert!(g.initial_corrupt_check && !g.lease_checkpoint);
         // The last of a gate given twice wins, as in etcd.
@@ -211,7 +230,7 @@ mod tests {
             "AllAlpha=true,CompactHashCheck=false,SetMemberLocalAddr=false,StopGRPCServiceOnDefrag=false",
         )
         .unwrap();
-        assert!(all.initial_corrupt_check && all.lease_checkpoint);
+        assert!(all.initial_corrupt_check && all.lease_checkpoint && all.priority_request);
     }
 
     #[test]
@@ -224,6 +243,7 @@ mod tests {
                 "invalid value of InitialCorruptCheck=maybe, err: strconv.ParseBool: parsing \"maybe\": invalid syntax",
             ),
             ("StopGRPCServiceOnDefrag=true", "kvd serves reads and writes while it defragments"),
+            ("FastLeaseKeepAlive=true", "FastLeaseKeepAlive=true is not supported"),
         ] {
             let err = gates(spec).unwrap_err();
             assert!(err.contains(want), "{spec}: {err}");

@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub strict_reconfig_check: bool,
     /// `--corrupt-check-time`: how often the leader compares the members' data (0: never).
     pub corrupt_check_time: Duration,
+    /// `--feature-gates=PriorityRequest=true`: a LeaseRevoke is proposed while the applied
+    /// index lags by up to twice [`MAX_APPLY_GAP`].
+    pub priority_request: bool,
 }
 
 impl ServerConfig {
@@ -90,8 +93,22 @@ impl ServerConfig {
             lease_checkpoint_interval: Some(LEASE_CHECKPOINT_INTERVAL),
             strict_reconfig_check: true,
             corrupt_check_time: Duration::ZERO,
+            priority_request: false,
         }
     }
+}
+
+/// Whether the applied index lags the commit index too far to take `req` (etcd's "too many
+/// requests"): by [`MAX_APPLY_GAP`], or twice it for a LeaseRevoke with `priority` (etcd 3.7's
+/// PriorityRequest gate), so expired leases still go under a backlog.
+fn too_far_behind(commit: u64, applied: u64, req: &InternalRequest, priority: bool) -> bool {
+    let revoke = matches!(req.op, Some(Op::LeaseRevoke(_)));
+    let gap = if priority && revoke {
+        2 * MAX_APPLY_GAP
+    } else {
+        MAX_APPLY_GAP
+    };
+    commit > applied.saturating_add(gap)
 }
 
 /// The server core.
@@ -270,7 +287,7 @@ impl Core {
             return Err(error::request_too_large());
         }
         let (commit, applied) = self.node.progress();
-        if commit.0 > applied.0 + MAX_APPLY_GAP {
+        if too_far_behind(commit.0, applied.0, &req, self.cfg.priority_request) {
             return Err(error::too_many_requests());
         }
         match self.node.propose_local(data, Box::new(req), company).await {
@@ -509,5 +526,31 @@ async fn publish(core: &Core) -> bool {
             tracing::debug!("publishing this member's attributes: {e}; retrying");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod gap_tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_revoke_goes_through_twice_the_gap_with_priority() {
+        let req = |op| InternalRequest {
+            op: Some(op),
+            ..Default::default()
+        };
+        let put = req(Op::Put(Default::default()));
+        let revoke = req(Op::LeaseRevoke(Default::default()));
+        let at = |gap: u64| (1 + gap, 1);
+        for priority in [false, true] {
+            let (c, a) = at(MAX_APPLY_GAP);
+            assert!(!too_far_behind(c, a, &put, priority));
+            assert!(!too_far_behind(c, a, &revoke, priority));
+            let (c, a) = at(MAX_APPLY_GAP + 1);
+            assert!(too_far_behind(c, a, &put, priority));
+            assert_eq!(too_far_behind(c, a, &revoke, priority), !priority);
+        }
+        let (c, a) = at(2 * MAX_APPLY_GAP + 1);
+        assert!(too_far_behind(c, a, &revoke, true));
     }
 }
