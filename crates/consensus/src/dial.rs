@@ -162,23 +162,24 @@ impl tower_service::Service<Uri> for Connector {
     }
 }
 
-/// A connection in the clear or over TLS (`T`: tokio-rustls's client or server stream).
+/// A connection in the clear or over TLS (`T`: tokio-rustls's client or server stream, over
+/// `P`: TCP, or a unix socket).
 #[derive(Debug)]
-pub enum Conn<T> {
-    Plain(TcpStream),
+pub enum Conn<T, P = TcpStream> {
+    Plain(P),
     Tls(Box<T>),
 }
 
 /// A connection to a peer.
 pub type PeerStream = Conn<tokio_rustls::client::TlsStream<TcpStream>>;
 
-impl<T> tonic::transport::server::Connected for Conn<T> {
+impl<T, P> tonic::transport::server::Connected for Conn<T, P> {
     type ConnectInfo = ();
 
     fn connect_info(&self) {}
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Conn<T> {
+impl<T: AsyncRead + Unpin, P: AsyncRead + Unpin> AsyncRead for Conn<T, P> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -191,7 +192,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Conn<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Conn<T> {
+impl<T: AsyncWrite + Unpin, P: AsyncWrite + Unpin> AsyncWrite for Conn<T, P> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

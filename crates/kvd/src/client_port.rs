@@ -14,11 +14,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use grpc_wire::Protocol;
-use tokio::net::{TcpListener, TcpStream};
+use std::net::SocketAddr;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::listen::{self, Stream};
+use crate::listen::{self, Accepted, Listener, Socket, Stream};
 
 /// What a listener serves (etcd splits gRPC from HTTP with `--listen-client-http-urls`, and
 /// serves metrics alone on `--listen-metrics-urls`).
@@ -98,11 +98,7 @@ pub fn serve_all(
     let mut servers = Vec::new();
     for (ls, traffic) in listeners {
         for b in ls {
-            let addr = b
-                .listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
+            let addr = b.listener.describe();
             tracing::info!(%addr, tls = b.tls, ?traffic, "serving client traffic");
             let mode = Mode {
                 traffic,
@@ -117,14 +113,24 @@ pub fn serve_all(
 
 /// Accepts connections on `l` until `stop` turns true, then waits for those under way to
 /// finish (each is told to stop taking requests).
-pub async fn serve(l: TcpListener, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
+pub async fn serve(l: Listener, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     let mut stopping = std::pin::pin!(stopped(stop.clone()));
     loop {
         tokio::select! {
             r = l.accept() => match r {
-                Ok((sock, _)) => {
-                    conns.spawn(connection(sock, port.clone(), mode.clone(), stop.clone()));
+                Ok(Accepted::Tcp(sock, peer)) => {
+                    // Small responses must not wait for Nagle's algorithm (a ~40 ms stall
+                    // otherwise), as in etcd (Go's default).
+                    if let Err(e) = sock.set_nodelay(true) {
+                        tracing::debug!("TCP_NODELAY: {e}");
+                    }
+                    let (port, mode, stop) = (port.clone(), mode.clone(), stop.clone());
+                    conns.spawn(connection(sock, Some(peer), port, mode, stop));
+                }
+                Ok(Accepted::Unix(sock)) => {
+                    let (port, mode, stop) = (port.clone(), mode.clone(), stop.clone());
+                    conns.spawn(connection(sock, None, port, mode, stop));
                 }
                 Err(e) => {
                     // Out of descriptors, or a connection reset before it was accepted: go
@@ -179,17 +185,19 @@ impl Future for Stopped {
     }
 }
 
-async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiver<bool>) {
-    // Small responses must not wait for Nagle's algorithm (a ~40 ms stall otherwise), as in
-    // etcd (Go's default).
-    if let Err(e) = sock.set_nodelay(true) {
-        tracing::debug!("TCP_NODELAY: {e}");
-    }
-    let peer = sock.peer_addr().ok();
+/// Serves one accepted connection (`peer`: the client's address, over TCP).
+async fn connection<S: Socket>(
+    sock: S,
+    peer: Option<SocketAddr>,
+    port: Port,
+    mode: Mode,
+    stop: watch::Receiver<bool>,
+) {
     // A silent connection holds a descriptor only so long: the handshake by etcd's TLS
     // listener's bound, the first request bytes by grpc-go's.
     let preface_by = listen::open_by(false);
-    let Some(stream) = open(sock, &mode, listen::open_by(mode.tls.is_some())).await else {
+    let by = listen::open_by(mode.tls.is_some());
+    let Some(stream) = open(sock, peer, &mode, by).await else {
         return;
     };
     let mut ext = http::Extensions::new();
@@ -249,8 +257,12 @@ async fn connection(sock: TcpStream, port: Port, mode: Mode, stop: watch::Receiv
 
 /// The accepted `sock` in the clear, or through TLS, opened by `by`; `None` when refused or
 /// late (the client is told why where it can be).
-async fn open(sock: TcpStream, mode: &Mode, by: tokio::time::Instant) -> Option<Stream> {
-    let peer = sock.peer_addr().ok();
+async fn open<S: Socket>(
+    sock: S,
+    peer: Option<SocketAddr>,
+    mode: &Mode,
+    by: tokio::time::Instant,
+) -> Option<Stream<S>> {
     let tls = match listen::starts_tls(&sock, by).await {
         Ok(t) => t,
         Err(e) => {
@@ -284,8 +296,8 @@ async fn open(sock: TcpStream, mode: &Mode, by: tokio::time::Instant) -> Option<
 /// etcd 3.7.1's `ReadHeaderTimeout` of its client HTTP server.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(300);
 
-async fn http1(
-    io: grpc_wire::Rewind<Stream>,
+async fn http1<S: Socket>(
+    io: grpc_wire::Rewind<Stream<S>>,
     router: axum::Router,
     stop: watch::Receiver<bool>,
 ) -> Result<(), String> {

@@ -29,11 +29,7 @@ pub fn spawn(
     tls: Option<PeerTls>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    let addr = b
-        .listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let addr = b.listener.describe();
     tracing::info!(%addr, tls = b.tls, "serving peer traffic");
     let (tx, rx) = mpsc::channel::<std::io::Result<Rewind<Stream>>>(64);
     let tls = tls.filter(|_| b.tls);
@@ -46,7 +42,9 @@ pub fn spawn(
                 _ = accept_stop.wait_for(|s| *s) => return,
             };
             let sock = match accepted {
-                Ok((s, _)) => s,
+                Ok(listen::Accepted::Tcp(s, _)) => s,
+                // Peer URLs are parsed as TCP only: never reached.
+                Ok(listen::Accepted::Unix(_)) => continue,
                 Err(e) => {
                     tracing::warn!("accepting a peer connection: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

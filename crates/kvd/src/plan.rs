@@ -27,10 +27,10 @@ pub struct Plan {
     pub initial_corrupt_check: bool,
     /// `(host:port, https)` of `--listen-client-urls`, `--listen-client-http-urls`,
     /// `--listen-metrics-urls` and `--listen-peer-urls`.
-    pub client_listen: Vec<(String, bool)>,
-    pub client_http_listen: Vec<(String, bool)>,
-    pub metrics_listen: Vec<(String, bool)>,
-    pub peer_listen: Vec<(String, bool)>,
+    pub client_listen: Vec<listen::ListenUrl>,
+    pub client_http_listen: Vec<listen::ListenUrl>,
+    pub metrics_listen: Vec<listen::ListenUrl>,
+    pub peer_listen: Vec<listen::ListenUrl>,
     pub raft: consensus::Config,
     pub server: ServerConfig,
     pub store: mvcc::StoreOptions,
@@ -56,12 +56,21 @@ fn path(flag: &str) -> Option<PathBuf> {
     (!flag.is_empty()).then(|| PathBuf::from(flag))
 }
 
-/// `--auto-tls`'s hosts: those of the listen URLs.
-fn hosts(urls: &[(String, bool)]) -> Vec<String> {
-    urls.iter().map(|(h, _)| h.clone()).collect()
+/// `--auto-tls`'s hosts: those of the listen URLs (a unix socket has none).
+fn hosts(urls: &[listen::ListenUrl]) -> Vec<String> {
+    urls.iter()
+        .filter_map(|u| match &u.addr {
+            listen::Addr::Tcp(h) => Some(h.clone()),
+            listen::Addr::Unix(_) => None,
+        })
+        .collect()
 }
 
-fn security(f: &ServeFlags, data_dir: &Path, listen: [&[(String, bool)]; 4]) -> Result<Security> {
+fn security(
+    f: &ServeFlags,
+    data_dir: &Path,
+    listen: [&[listen::ListenUrl]; 4],
+) -> Result<Security> {
     let [client_urls, http_urls, metrics_urls, peer_urls] = listen;
     let policy = tls::Policy::parse(&f.tls_min_version, &f.tls_max_version, &f.cipher_suites)?;
     let mut client = tls::Side {
@@ -88,7 +97,7 @@ fn security(f: &ServeFlags, data_dir: &Path, listen: [&[(String, bool)]; 4]) -> 
         allowed_hostnames: config::urls(&f.peer_cert_allowed_hostname),
         self_signed: false,
     };
-    let all_client: Vec<(String, bool)> = [client_urls, http_urls].concat();
+    let all_client: Vec<listen::ListenUrl> = [client_urls, http_urls].concat();
     if f.auto_tls && !client.has_pair() {
         let (c, k) = tls::self_signed(
             &data_dir.join("fixtures").join("client"),
@@ -107,12 +116,17 @@ fn security(f: &ServeFlags, data_dir: &Path, listen: [&[(String, bool)]; 4]) -> 
     }
     client.check("client TLS")?;
     peer.check("peer TLS")?;
-    let https = |urls: &[(String, bool)]| urls.iter().find(|(_, t)| *t).map(|(h, _)| h.clone());
+    let https = |urls: &[listen::ListenUrl]| {
+        urls.iter().find(|u| u.tls).map(|u| match &u.addr {
+            listen::Addr::Tcp(h) => format!("https://{h}"),
+            listen::Addr::Unix(p) => format!("unixs://{}", p.display()),
+        })
+    };
     let client_tls = match https(&[&all_client[..], metrics_urls].concat()) {
         None => None,
         Some(h) if !client.has_pair() => {
             return Err(format!(
-                "TLS key/cert (--cert-file, --key-file) must be provided for client url https://{h} with HTTPS scheme"
+                "TLS key/cert (--cert-file, --key-file) must be provided for client url {h} with HTTPS scheme"
             ))
         }
         Some(_) => Some(tls::server_config(&client, &policy, tls::ALPN_H2_HTTP1)?),
@@ -121,7 +135,7 @@ fn security(f: &ServeFlags, data_dir: &Path, listen: [&[(String, bool)]; 4]) -> 
         None => None,
         Some(h) if !peer.has_pair() => {
             return Err(format!(
-                "TLS key/cert (--peer-cert-file, --peer-key-file) must be provided for peer url https://{h} with HTTPS scheme"
+                "TLS key/cert (--peer-cert-file, --peer-key-file) must be provided for peer url {h} with HTTPS scheme"
             ))
         }
         Some(_) => Some(tls::server_config(&peer, &policy, tls::ALPN_H2)?),
@@ -250,19 +264,20 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
         &config::urls(&f.listen_client_http_urls),
         "--listen-client-http-urls",
     )?;
-    if let Some((h, _)) = client_http_listen
+    if let Some(u) = client_http_listen
         .iter()
-        .find(|u| client_listen.iter().any(|c| c.0 == u.0))
+        .find(|u| client_listen.iter().any(|c| c.addr == u.addr))
     {
         return Err(format!(
-            "cannot bind both --listen-client-urls and --listen-client-http-urls on the same url {h}"
+            "cannot bind both --listen-client-urls and --listen-client-http-urls on the same url {}",
+            u.addr
         ));
     }
     let metrics_listen = listen::parse(
         &config::urls(&f.listen_metrics_urls),
         "--listen-metrics-urls",
     )?;
-    let peer_listen = listen::parse(&config::urls(&f.listen_peer_urls), "--listen-peer-urls")?;
+    let peer_listen = listen::parse_tcp(&config::urls(&f.listen_peer_urls), "--listen-peer-urls")?;
     let security = security(
         f,
         &data_dir,

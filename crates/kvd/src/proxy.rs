@@ -169,6 +169,21 @@ fn http2_config(f: &ProxyFlags) -> Result<grpc_wire::Config> {
 }
 
 /// Runs the proxy until SIGTERM or SIGINT.
+/// `--listen-addr`: etcd's `host:port`, or a unix socket (`unix://path`; kvd's, etcd's proxy
+/// listens on TCP only), over TLS when the proxy has a certificate.
+fn listen_addr(flag: &str, tls: bool) -> Result<listen::ListenUrl> {
+    let addr = match flag.split_once("://") {
+        None => listen::Addr::Tcp(flag.to_string()),
+        Some(("unix" | "unixs", path)) if !path.is_empty() => listen::Addr::Unix(path.into()),
+        Some(_) => {
+            return Err(format!(
+                "--listen-addr {flag:?}: want host:port or unix://path"
+            ))
+        }
+    };
+    Ok(listen::ListenUrl { addr, tls })
+}
+
 pub fn run(f: &ProxyFlags) -> Result<()> {
     let level = if f.debug {
         "debug"
@@ -190,7 +205,7 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
     } else {
         listen::parse(std::slice::from_ref(&f.metrics_addr), "--metrics-addr")?
     };
-    if metrics_listen.iter().any(|(_, t)| *t) && server_tls.is_none() {
+    if metrics_listen.iter().any(|u| u.tls) && server_tls.is_none() {
         return Err("--metrics-addr https://: needs --cert-file and --key-file".into());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -201,7 +216,7 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(async {
         let tls_on = server_tls.is_some();
-        let listen = listen::bind(&[(f.listen_addr.clone(), tls_on)], "--listen-addr").await?;
+        let listen = listen::bind(&[listen_addr(&f.listen_addr, tls_on)?], "--listen-addr").await?;
         let metrics = listen::bind(&metrics_listen, "--metrics-addr").await?;
         let proxy = leasing_proxy::Proxy::start(cfg.clone(), connect)
             .await

@@ -1,6 +1,7 @@
 //! etcd 3.7's additions, kvd beside etcd 3.7.1 (built from the Go module proxy): RangeStream
 //! through Go's clientv3 v3.7.1 (`tests/clients/go37`) against both servers and through kvd's
-//! leasing proxy, and the memory a RangeStream's slow readers hold on the server.
+//! leasing proxy, the memory a RangeStream's slow readers hold on the server, silent sockets
+//! closed on time, and unix-socket client URLs with etcdctl 3.7.1.
 
 mod common;
 
@@ -241,4 +242,176 @@ fn silent_connections_are_closed_on_time() {
         within(&kvd_plain, 119, 140),
         "kvd, in the clear: {kvd_plain:?}"
     );
+}
+
+/// etcdctl 3.7.1 with `--endpoints` and `args`; its exit status and output, the socket
+/// paths and ids made alike.
+fn ctl37(endpoints: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(common::etcd_tools(ETCD).join("etcdctl"))
+        .args(["--endpoints", endpoints, "--command-timeout", "5s"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), common::normalize(&text, endpoints))
+}
+
+/// `bin` (etcd or kvd) as the one member `m` of a cluster, its data in `data`, listening for
+/// clients on `listen`.
+fn one_member(bin: &Path, data: &Path, listen: &str, m: &Addrs) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", listen])
+        .args(["--advertise-client-urls", &m.client])
+        .args(["--listen-peer-urls", &m.peer_listen])
+        .args(["--initial-advertise-peer-urls", &m.peer])
+        .args([
+            "--initial-cluster",
+            &common::initial_cluster(std::slice::from_ref(m)),
+        ]);
+    c
+}
+
+/// A server (`bin`: etcd 3.7.1 or kvd) listening for clients on TCP, `unix://<dir>/u/localhost`
+/// and `unixs://<dir>/us/localhost` (the file name is the name clientv3 verifies the server's
+/// certificate against).
+fn start_on_sockets(bin: &Path, dir: &Path, server: &common::pki::Pair, ca: &Path) -> Proc {
+    let m = Addrs::new("default");
+    let (u, us) = (dir.join("u/localhost"), dir.join("us/localhost"));
+    for p in [&u, &us] {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    }
+    let listen = format!(
+        "{},unix://{},unixs://{}",
+        m.client,
+        u.display(),
+        us.display()
+    );
+    let log = dir.join("server.log");
+    let logf = std::fs::File::create(&log).unwrap();
+    let child = one_member(bin, &dir.join("data"), &listen, &m)
+        .arg(format!("--cert-file={}", server.cert.display()))
+        .arg(format!("--key-file={}", server.key.display()))
+        .arg(format!("--trusted-ca-file={}", ca.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone().unwrap())
+        .stderr(logf)
+        .spawn()
+        .unwrap();
+    let mut p = Proc {
+        child: Some(child),
+        addrs: m,
+        log,
+        ctl_flags: Vec::new(),
+    };
+    p.wait_ready();
+    p
+}
+
+fn is_socket(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// `unix://` and `unixs://` client URLs (etcd 3.7) with etcdctl 3.7.1, kvd beside etcd 3.7.1:
+/// the same answers in the clear and over TLS, the same refusal of plaintext on the TLS
+/// socket, the socket files made alike and removed on a clean exit. kvd replaces the socket
+/// a killed member left, refuses to remove another file, and its proxy listens on a socket.
+#[test]
+fn unix_socket_client_urls_serve_etcdctl_as_etcd_3_7() {
+    use common::pki::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca = Ca::new(&dir.path().join("pki"), "cluster");
+    let server = ca.issue("server", "server");
+    let alice = ca.issue("alice", "alice");
+    let mut tls_flags = alice.ctl_flags(&ca.cert);
+    let etcd = common::etcd_tools(ETCD).join("etcd");
+    tls_flags.extend(["get", "k", "--print-value-only"].map(String::from));
+    let tls_args: Vec<&str> = tls_flags.iter().map(String::as_str).collect();
+    let mut seen = Vec::new();
+    for (name, bin) in [
+        ("etcd", etcd.as_path()),
+        ("kvd", Path::new(common::kvd_bin())),
+    ] {
+        let d = dir.path().join(name);
+        let mut p = start_on_sockets(bin, &d, &server, &ca.cert);
+        let (u, us) = (d.join("u/localhost"), d.join("us/localhost"));
+        let plain = format!("unix://{}", u.display());
+        let tls = format!("unixs://{}", us.display());
+        assert!(is_socket(&u) && is_socket(&us), "{name}: no sockets");
+        let mut answers = vec![
+            ctl37(&plain, &["put", "k", "v"]),
+            ctl37(&plain, &["get", "k", "-w", "json"]),
+            ctl37(&tls, &tls_args),
+            ctl37(&plain, &["get", "k", "--stream", "--print-value-only"]),
+        ];
+        // In the clear on the TLS socket: refused, on both.
+        let refused = ctl37(&format!("unix://{}", us.display()), &["get", "k"]);
+        answers.push((refused.0, String::new()));
+        answers.push((true, format!("modes {:o} {:o}", mode(&u), mode(&us))));
+        // etcd re-raises the signal as it exits; kvd exits 0.
+        let exit = p.terminate();
+        assert!(name == "etcd" || exit.success(), "{name}: {exit}");
+        answers.push((true, format!("left {} {}", u.exists(), us.exists())));
+        seen.push(answers);
+    }
+    assert_eq!(seen[1], seen[0], "kvd, then etcd 3.7.1");
+    assert!(
+        seen[1][0].0 && seen[1][2].0 && !seen[1][4].0,
+        "{:?}",
+        seen[1]
+    );
+    assert_eq!(seen[1][6].1, "left false false");
+
+    // A killed kvd leaves its sockets; a restart replaces them.
+    let d = dir.path().join("kvd");
+    let mut p = start_on_sockets(Path::new(common::kvd_bin()), &d, &server, &ca.cert);
+    p.kill();
+    assert!(is_socket(&d.join("u/localhost")));
+    let p = start_on_sockets(Path::new(common::kvd_bin()), &d, &server, &ca.cert);
+    let plain = format!("unix://{}", d.join("u/localhost").display());
+    let (ok, out) = ctl37(&plain, &["get", "k", "--print-value-only"]);
+    assert!(ok && out.trim() == "v", "{out}");
+
+    // Its proxy on a socket.
+    let sock = dir.path().join("proxy.sock");
+    let listen = format!("unix://{}", sock.display());
+    let mut proxy = Command::new(common::kvd_bin())
+        .args(["grpc-proxy", "start", "--endpoints", &p.addrs.endpoint()])
+        .args(["--listen-addr", &listen])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_for("the proxy's socket", 20, || is_socket(&sock));
+    let (ok, out) = ctl37(&listen, &["get", "k", "--print-value-only"]);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert!(ok && out.trim() == "v", "{out}");
+    drop(p);
+
+    // A file that is not a socket where one is asked for: refused, the file kept.
+    let d = dir.path().join("kvd-file");
+    std::fs::create_dir_all(&d).unwrap();
+    let file = d.join("not-a-socket");
+    std::fs::write(&file, "data").unwrap();
+    let m = Addrs::new("default");
+    let listen = format!("unix://{}", file.display());
+    let out = one_member(Path::new(common::kvd_bin()), &d.join("data"), &listen, &m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is not a socket"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
 }
