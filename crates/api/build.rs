@@ -131,5 +131,25 @@ fn schema(fds: &prost_types::FileDescriptorSet) -> String {
         s.push_str(&e);
     }
     s.push_str("];\n");
+    // Every gRPC method: service (package-qualified), method, and grpc-go's type label.
+    s.push_str("pub static METHODS: &[(&str, &str, &str)] = &[\n");
+    for file in &fds.file {
+        for svc in &file.service {
+            for m in &svc.method {
+                let kind = match (m.client_streaming(), m.server_streaming()) {
+                    (false, false) => "unary",
+                    (false, true) => "server_stream",
+                    (true, false) => "client_stream",
+                    (true, true) => "bidi_stream",
+                };
+                s.push_str(&format!(
+                    "({:?}, {:?}, {kind:?}),\n",
+                    format!("{}.{}", file.package(), svc.name()),
+                    m.name()
+                ));
+            }
+        }
+    }
+    s.push_str("];\n");
     s
 }

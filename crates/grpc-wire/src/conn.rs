@@ -100,6 +100,8 @@ struct Stream {
     received: u64,
     /// What it is charged in `Conn::req_bytes`: its state, header block and unread body.
     cost: usize,
+    /// A counted gRPC call's method and start, until its status is known.
+    call: Option<(u32, std::time::Instant)>,
 }
 
 /// How the connection stops a unary call whose stream the client reset: the call's future
@@ -292,10 +294,14 @@ where
 
 impl<T, S> Drop for Conn<T, S> {
     fn drop(&mut self) {
-        // Unary calls go with `calls`; bridged tasks are told.
+        // Unary calls go with `calls`; bridged tasks are told. Calls without a status yet
+        // ended with their connection: cancelled, as grpc-go counts them.
         for s in self.streams.values() {
             if let Kind::Bridged(io) = &s.kind {
                 io.reset(Reason::CANCEL);
+            }
+            if let (Some(calls), Some((m, since))) = (&self.cfg.calls, s.call) {
+                calls.handled(m, crate::metrics::CANCELED, since);
             }
         }
         let limit = self.cfg.max_total_buffer;

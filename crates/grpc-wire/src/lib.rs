@@ -29,6 +29,7 @@ pub mod frame;
 mod grpc;
 mod guard;
 mod hpack;
+mod metrics;
 mod request;
 mod sniff;
 
@@ -44,6 +45,7 @@ pub use conn::serve;
 pub use frame::Reason;
 pub use grpc::{fallback, rewrite_status, too_large};
 pub use guard::{Guard, RemoteAddr, Stats};
+pub use metrics::CallMetrics;
 pub use sniff::{sniff, Protocol, Rewind};
 
 /// A unary call's answer: the encoded response message, or a gRPC status.
@@ -185,6 +187,8 @@ pub struct Config {
     /// What the connections served with this config share: the total above, each client
     /// address's budget for frames that do no work, and counts for metrics.
     pub guard: Arc<Guard>,
+    /// grpc-go's server metrics of the calls served (None: not counted).
+    pub calls: Option<Arc<CallMetrics>>,
 }
 
 /// What a connection may hold while the server as a whole is over
@@ -207,6 +211,7 @@ impl Default for Config {
             max_conn_buffer: 16 << 20,
             max_total_buffer: 512 << 20,
             guard: Arc::default(),
+            calls: None,
         }
     }
 }

@@ -452,6 +452,10 @@ pub struct ServeFlags {
     /// URLs to serve `/metrics` and the health endpoints on as well.
     #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
     pub listen_metrics_urls: String,
+    /// Level of detail of the metrics: `extensive` adds the gRPC handling-time histograms
+    /// (anything else is `basic`, as etcd reads it).
+    #[arg(long, env = "ETCD_METRICS", default_value = "basic")]
+    pub metrics: String,
     /// Path to the client server TLS cert file.
     #[arg(long, env = "ETCD_CERT_FILE", default_value = "")]
     pub cert_file: String,

@@ -391,6 +391,7 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     )?;
     server.lease_checkpoint_interval = gates.lease_checkpoint.then_some(every);
     server.priority_request = gates.priority_request;
+    server.metrics_extensive = f.metrics == "extensive";
     server.corrupt_check_time = rpc::parse_duration(&f.corrupt_check_time)
         .map_err(|e| format!("--corrupt-check-time: {e}"))?;
     server.strict_reconfig_check = f.strict_reconfig_check;

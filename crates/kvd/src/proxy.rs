@@ -223,6 +223,7 @@ pub fn run(f: &ProxyFlags) -> Result<()> {
             .map_err(|e| e.to_string())?;
         let http2 = Arc::new(grpc_wire::Config {
             guard: proxy.metrics().client_guard.clone(),
+            calls: Some(proxy.metrics().grpc_calls.clone()),
             ..http2
         });
         let port = Port {

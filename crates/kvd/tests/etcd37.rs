@@ -247,6 +247,12 @@ fn silent_connections_are_closed_on_time() {
 /// etcdctl 3.7.1 with `--endpoints` and `args`; its exit status and output, the socket
 /// paths and ids made alike.
 fn ctl37(endpoints: &str, args: &[&str]) -> (bool, String) {
+    let (ok, text) = ctl37_raw(endpoints, args);
+    (ok, common::normalize(&text, endpoints))
+}
+
+/// etcdctl 3.7.1's exit status and output as printed.
+fn ctl37_raw(endpoints: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(common::etcd_tools(ETCD).join("etcdctl"))
         .args(["--endpoints", endpoints, "--command-timeout", "5s"])
         .args(args)
@@ -254,7 +260,7 @@ fn ctl37(endpoints: &str, args: &[&str]) -> (bool, String) {
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), common::normalize(&text, endpoints))
+    (out.status.success(), text)
 }
 
 /// `bin` (etcd or kvd) as the one member `m` of a cluster, its data in `data`, listening for
@@ -414,4 +420,168 @@ fn unix_socket_client_urls_serve_etcdctl_as_etcd_3_7() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+}
+
+/// The metrics etcd's Prometheus mixin (`contrib/mixin`: its alerts and dashboards) reads.
+const MIXIN: [&str; 16] = [
+    "etcd_disk_backend_commit_duration_seconds",
+    "etcd_disk_wal_fsync_duration_seconds",
+    "etcd_mvcc_db_total_size_in_bytes",
+    "etcd_mvcc_db_total_size_in_use_in_bytes",
+    "etcd_network_peer_round_trip_time_seconds",
+    "etcd_network_peer_sent_failures_total",
+    "etcd_network_client_grpc_received_bytes_total",
+    "etcd_network_client_grpc_sent_bytes_total",
+    "etcd_server_has_leader",
+    "etcd_server_leader_changes_seen_total",
+    "etcd_server_proposals_failed_total",
+    "etcd_server_quota_backend_bytes",
+    "grpc_server_handled_total",
+    "grpc_server_handling_seconds",
+    "grpc_server_started_total",
+    "process_resident_memory_bytes",
+];
+
+/// A scrape: each metric (a histogram's series under its own name) with the label names of
+/// each of its series, and each sample line's value by its full series text.
+struct Scrape {
+    names: Vec<(String, Vec<String>)>,
+    values: Vec<(String, f64)>,
+}
+
+fn scrape(client_url: &str) -> Scrape {
+    // HTTP/1.0: the body as it is, not in chunks.
+    use std::io::{Read, Write};
+    let addr = client_url.trim_start_matches("http://");
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    write!(sock, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    sock.read_to_string(&mut resp).unwrap();
+    let (head, text) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    let mut names = Vec::new();
+    let mut values = Vec::new();
+    for l in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = l.rsplit_once(' ').unwrap();
+        let name = series.split('{').next().unwrap();
+        let name = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        let mut labels: Vec<String> = series
+            .split_once('{')
+            .map(|(_, l)| l.trim_end_matches('}'))
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+            .filter(|k| k != "le")
+            .collect();
+        labels.sort();
+        names.push((name.to_string(), labels));
+        values.push((series.to_string(), value.parse().unwrap_or(f64::NAN)));
+    }
+    names.sort();
+    names.dedup();
+    Scrape { names, values }
+}
+
+/// After the same calls, every metric of etcd's mixin that etcd 3.7.1 serves is served by kvd
+/// with the same label names (with `--metrics=extensive`, both), and the gRPC calls are
+/// counted alike: by method, type and status code.
+#[test]
+fn the_metrics_etcds_mixin_reads_are_served_as_etcd_3_7_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = common::etcd_tools(ETCD).join("etcd");
+    let mut servers = Vec::new();
+    for (name, bin) in [
+        ("etcd", etcd.as_path()),
+        ("kvd", Path::new(common::kvd_bin())),
+    ] {
+        let m = Addrs::new("default");
+        let one = [m.clone()];
+        let mut p = Proc::start(
+            bin,
+            &m,
+            &dir.path().join(name),
+            &one,
+            "new",
+            &["--metrics", "extensive"],
+        );
+        p.wait_ready();
+        let ep = m.endpoint();
+        assert!(ctl37(&ep, &["put", "a", "1"]).0);
+        assert!(ctl37(&ep, &["get", "a", "--stream"]).0);
+        assert!(!ctl37(&ep, &["get", "a", "--stream", "--rev", "99"]).0);
+        let (ok, lease) = ctl37_raw(&ep, &["lease", "grant", "60"]);
+        assert!(ok, "{lease}");
+        let id = lease.split_whitespace().nth(1).unwrap().to_string();
+        assert!(ctl37(&ep, &["lease", "keep-alive", "--once", &id]).0);
+        // The keep-alive stream is counted once the server sees its client gone.
+        let kept =
+            "grpc_server_handled_total{grpc_code=\"Canceled\",grpc_method=\"LeaseKeepAlive\"";
+        common::wait_for("the keep-alive stream counted", 10, || {
+            scrape(&m.client)
+                .values
+                .iter()
+                .any(|(s, v)| s.starts_with(kept) && *v > 0.0)
+        });
+        servers.push((p, scrape(&m.client)));
+    }
+    let (etcd_names, etcd_values) = (&servers[0].1.names, &servers[0].1.values);
+    let (kvd_names, kvd_values) = (&servers[1].1.names, &servers[1].1.values);
+    let series = |names: &[(String, Vec<String>)], m: &str| -> Vec<Vec<String>> {
+        names
+            .iter()
+            .filter(|(n, _)| n == m)
+            .map(|(_, l)| l.clone())
+            .collect()
+    };
+    let mut served = 0;
+    for m in MIXIN {
+        let want = series(etcd_names, m);
+        if want.is_empty() {
+            continue;
+        }
+        served += 1;
+        assert_eq!(
+            series(kvd_names, m),
+            want,
+            "{m}: kvd's label names, then etcd's"
+        );
+    }
+    assert!(
+        served >= 13,
+        "etcd 3.7.1 served {served} of the mixin's metrics"
+    );
+    // The calls made above, counted alike (health checks and readiness probes aside).
+    let calls = |values: &[(String, f64)]| -> Vec<String> {
+        let mut v: Vec<String> = values
+            .iter()
+            .filter(|(s, v)| {
+                (s.starts_with("grpc_server_started_total")
+                    || s.starts_with("grpc_server_handled_total"))
+                    && *v > 0.0
+                    && [
+                        "\"Put\"",
+                        "\"RangeStream\"",
+                        "\"LeaseGrant\"",
+                        "\"LeaseKeepAlive\"",
+                    ]
+                    .iter()
+                    .any(|m| s.contains(m))
+            })
+            .map(|(s, v)| format!("{s} {v}"))
+            .collect();
+        v.sort();
+        v
+    };
+    let want = calls(etcd_values);
+    assert!(want.len() >= 8, "{want:?}");
+    assert_eq!(calls(kvd_values), want, "kvd's calls, then etcd's");
 }

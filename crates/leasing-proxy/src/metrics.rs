@@ -33,11 +33,19 @@ pub struct Metrics {
     /// What the proxy's client connections hold and were refused (the guard its client
     /// port's HTTP/2 config shares).
     pub client_guard: std::sync::Arc<grpc_wire::Guard>,
+    /// grpc-go's server metrics of the calls the proxy serves (its client port's HTTP/2
+    /// config counts them), as etcd's proxy registers them.
+    pub grpc_calls: std::sync::Arc<grpc_wire::CallMetrics>,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
+        // process_* (resident memory, CPU time, descriptors), as Go's client serves them.
+        let process = prometheus::process_collector::ProcessCollector::for_self();
+        registry
+            .register(Box::new(process))
+            .expect("each metric registered once");
         let counter = |name: &str, help: &str| {
             let c = IntCounter::with_opts(Opts::new(name, help)).expect("a valid metric name");
             registry
@@ -105,6 +113,10 @@ impl Metrics {
                 "etcd_grpc_proxy_events_coalescing_total",
                 "Watch responses sent to more than one client watcher from one upstream response.",
             ),
+            grpc_calls: std::sync::Arc::new(grpc_wire::CallMetrics::new(
+                api::schema::METHODS,
+                false,
+            )),
             registry,
             client_guard: Default::default(),
         }
@@ -118,6 +130,7 @@ impl Metrics {
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|e| format!("# metrics could not be encoded: {e}\n"));
         text.push_str(&self.client_guard.stats().prometheus("kvd_client"));
+        text.push_str(&self.grpc_calls.prometheus());
         text
     }
 }

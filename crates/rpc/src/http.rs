@@ -190,6 +190,14 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
     );
     metric(
         &mut out,
+        "etcd_server_proposals_failed_total",
+        "counter",
+        "The total number of failed proposals seen.",
+        core.proposals_failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    metric(
+        &mut out,
         "etcd_server_proposals_pending",
         "gauge",
         "The current number of pending proposals to commit.",
@@ -270,6 +278,7 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
     );
     // What the client connections hold, and what they were refused.
     out.push_str(&core.client_guard.stats().prometheus("kvd_client"));
+    out.push_str(&core.grpc_calls.prometheus());
     // The histograms and counters the consensus and storage layers keep.
     match prometheus::TextEncoder::new().encode_to_string(&prometheus::gather()) {
         Ok(s) => out.push_str(&s),

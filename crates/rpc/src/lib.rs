@@ -84,17 +84,40 @@ pub struct ClientPort {
     pub config: Arc<grpc_wire::Config>,
 }
 
+/// The process's `process_*` metrics (resident memory, CPU time, descriptors, start time), as
+/// Go's Prometheus client serves them for etcd, in `registry` (a second call changes nothing).
+pub fn register_process_metrics(registry: &prometheus::Registry) {
+    let collector = prometheus::process_collector::ProcessCollector::for_self();
+    match registry.register(Box::new(collector)) {
+        Ok(()) | Err(prometheus::Error::AlreadyReg) => {}
+        Err(e) => tracing::warn!("process metrics: {e}"),
+    }
+}
+
+/// grpc-go's server metrics of the services a member serves, as etcd registers them (its
+/// services and the health service); `extensive` adds the handling-time histograms.
+pub fn grpc_metrics(extensive: bool) -> grpc_wire::CallMetrics {
+    const HEALTH: [(&str, &str, &str); 2] = [
+        ("grpc.health.v1.Health", "Check", "unary"),
+        ("grpc.health.v1.Health", "Watch", "server_stream"),
+    ];
+    let methods: Vec<_> = api::schema::METHODS.iter().copied().chain(HEALTH).collect();
+    grpc_wire::CallMetrics::new(&methods, extensive)
+}
+
 /// The client port over `core` with the HTTP/2 settings `config`, its receive limit set from
 /// `--max-request-bytes` (called inside the runtime: it starts the health reporter).
 pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     let config = grpc_wire::Config {
         max_recv_message: core.cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
         guard: core.client_guard.clone(),
+        calls: Some(core.grpc_calls.clone()),
         ..config
     };
     // `/metrics` lists the consensus and storage histograms before their first sample.
     consensus::metrics::init();
     mvcc::init_metrics();
+    register_process_metrics(prometheus::default_registry());
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(Arc::downgrade(core), health));
     let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);

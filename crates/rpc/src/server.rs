@@ -68,6 +68,8 @@ pub struct ServerConfig {
     /// `--feature-gates=PriorityRequest=true`: a LeaseRevoke is proposed while the applied
     /// index lags by up to twice [`MAX_APPLY_GAP`].
     pub priority_request: bool,
+    /// `--metrics=extensive`: the gRPC handling-time histograms too.
+    pub metrics_extensive: bool,
 }
 
 impl ServerConfig {
@@ -94,6 +96,7 @@ impl ServerConfig {
             strict_reconfig_check: true,
             corrupt_check_time: Duration::ZERO,
             priority_request: false,
+            metrics_extensive: false,
         }
     }
 }
@@ -128,6 +131,11 @@ pub struct Core {
     /// What the client port's connections hold together and what they were refused
     /// (served on `/metrics`).
     pub client_guard: Arc<grpc_wire::Guard>,
+    /// grpc-go's server metrics of the client port's calls (served on `/metrics`).
+    pub grpc_calls: Arc<grpc_wire::CallMetrics>,
+    /// Proposals that failed (not committed in time, or refused by consensus), as etcd's
+    /// `etcd_server_proposals_failed_total` counts them.
+    pub proposals_failed: std::sync::atomic::AtomicU64,
     /// The KV calls the client port answers itself that are in flight, made and not yet
     /// answered ([`KvCallInFlight`]): with one, its proposal has no company to wait for.
     /// Calls served through tonic (a compressed KV call, the other services) are not counted:
@@ -169,6 +177,7 @@ impl Core {
         auth: Arc<Auth>,
         dialer: consensus::Dialer,
     ) -> Arc<Core> {
+        let grpc_calls = Arc::new(crate::grpc_metrics(cfg.metrics_extensive));
         Arc::new(Core {
             lease_ids: crate::lease::LeaseIds::new(node.id(), std::time::SystemTime::now()),
             id: node.id(),
@@ -180,6 +189,8 @@ impl Core {
             dialer,
             to_leader: parking_lot::Mutex::new(None),
             client_guard: Arc::default(),
+            grpc_calls,
+            proposals_failed: Default::default(),
             kv_calls: AtomicUsize::new(0),
         })
     }
@@ -292,7 +303,10 @@ impl Core {
         }
         match self.node.propose_local(data, Box::new(req), company).await {
             Ok(applied) => applied,
-            Err(e) => Err(error::consensus(&e)),
+            Err(e) => {
+                self.proposals_failed.fetch_add(1, Ordering::Relaxed);
+                Err(error::consensus(&e))
+            }
         }
     }
 

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, ConnError, Kind, Stream};
 use crate::frame::Reason;
+use crate::metrics;
 use crate::{Fallback, FAIR_SHARE};
 
 /// A stream's fixed cost: its entry, its call or its task's request (estimates on the high
@@ -98,6 +99,10 @@ where
     /// Takes a stream out of the table, and out of the counts.
     pub(super) fn remove_stream(&mut self, id: u32) -> Option<Stream> {
         let s = self.streams.remove(&id)?;
+        // A call that went without a status: its client cancelled (or the connection ended).
+        if let (Some(calls), Some((m, since))) = (&self.cfg.calls, s.call) {
+            calls.handled(m, metrics::CANCELED, since);
+        }
         self.req_bytes -= s.cost;
         if matches!(s.kind, Kind::Unary { .. } | Kind::Called(_)) {
             let queued: usize = s.pending.iter().map(|o| o.data_len()).sum();

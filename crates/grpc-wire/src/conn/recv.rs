@@ -133,6 +133,15 @@ where
         let (a, b) = frame::unpad(&h, payload)?;
         let data = &payload[a..b];
         let end = h.has(frame::END_STREAM);
+        if let Some(calls) = &self.cfg.calls {
+            if self
+                .streams
+                .get(&h.stream)
+                .is_some_and(|s| s.call.is_some())
+            {
+                calls.received(data.len());
+            }
+        }
         if data.is_empty() && !end {
             self.waste(1.0, "too_many_empty_frames")?;
         }
@@ -377,10 +386,16 @@ where
             content_length: fields.content_length(),
             received: 0,
             cost: 0,
+            call: None,
         };
         if p.end_stream && s.content_length.is_some_and(|n| n != 0) {
             self.reset(id, Reason::PROTOCOL_ERROR);
             return self.waste(1.0, "too_many_malformed_streams");
+        }
+        if let Some(calls) = &self.cfg.calls {
+            s.call = calls
+                .started(fields.path())
+                .map(|m| (m, std::time::Instant::now()));
         }
         let method = fields
             .is_plain_grpc()

@@ -8,6 +8,7 @@ use crate::bridge::Out;
 use crate::frame::{self, Reason};
 use crate::grpc;
 use crate::hpack::Encoder;
+use crate::metrics;
 use crate::request;
 use crate::Fallback;
 
@@ -53,6 +54,15 @@ where
         if !self.streams.contains_key(&id) {
             return;
         }
+        match &r {
+            Ok(msg) => {
+                self.handled(id, 0);
+                if let Some(calls) = &self.cfg.calls {
+                    calls.sent(grpc::PREFIX_LEN + msg.len());
+                }
+            }
+            Err(status) => self.handled(id, status.code() as u16),
+        }
         let msg = match r {
             Ok(msg) => msg,
             Err(status) => {
@@ -93,6 +103,16 @@ where
         self.flush_stream(id);
     }
 
+    /// Counts call `id` (if counted and not yet) as ended with status `code`.
+    pub(super) fn handled(&mut self, id: u32, code: u16) {
+        let Some(calls) = &self.cfg.calls else {
+            return;
+        };
+        if let Some((m, since)) = self.streams.get_mut(&id).and_then(|s| s.call.take()) {
+            calls.handled(m, code, since);
+        }
+    }
+
     /// The trailers of a successful call.
     pub(super) fn write_grpc_ok(&mut self, id: u32) {
         self.write_headers(id, true, |enc, out| {
@@ -122,6 +142,10 @@ where
         while let Some(item) = items.pop_front() {
             match item {
                 Out::Head { parts, end } => {
+                    if end {
+                        let code = metrics::status_code(&parts.headers);
+                        self.handled(id, code.unwrap_or(metrics::UNKNOWN));
+                    }
                     self.write_headers(id, end, |enc, out| {
                         enc.field(out, b":status", parts.status.as_str().as_bytes(), false);
                         header_map(enc, out, &parts.headers);
@@ -175,7 +199,12 @@ where
                     self.out.extend_from_slice(&chunk);
                     self.live.answered();
                     match &s.kind {
-                        Kind::Bridged(io) => io.sent(n),
+                        Kind::Bridged(io) => {
+                            io.sent(n);
+                            if let (Some(calls), Some(_)) = (&self.cfg.calls, s.call) {
+                                calls.sent(n);
+                            }
+                        }
                         _ => self.pending_bytes -= n,
                     }
                 }
@@ -184,6 +213,8 @@ where
                         unreachable!("matched above")
                     };
                     s.local_closed = true;
+                    let code = metrics::status_code(&t).unwrap_or(metrics::UNKNOWN);
+                    self.handled(id, code);
                     self.write_headers(id, true, |enc, out| header_map(enc, out, &t));
                 }
                 Some(Out::GrpcOk) => {
@@ -196,6 +227,7 @@ where
                     s.pending.pop_front();
                     s.local_closed = true;
                     frame::head(&mut self.out, 0, frame::DATA, frame::END_STREAM, id);
+                    self.handled(id, metrics::UNKNOWN);
                 }
             }
         }
