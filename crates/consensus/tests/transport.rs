@@ -127,7 +127,7 @@ impl Net {
                     let is_framed = first.first() == consensus::grpc::MAGIC.first();
                     if is_framed && !grpc_only {
                         framed.fetch_add(1, Ordering::Relaxed);
-                        let sock = consensus::dial::PeerStream::Plain(sock);
+                        let sock = consensus::dial::Conn::<tokio::net::TcpStream>::Plain(sock);
                         raft.serve_framed(first, sock).await;
                     } else {
                         let sock = grpc_wire::Rewind::new(first, sock);

@@ -55,7 +55,9 @@ fn connect(f: &ProxyFlags, policy: &tls::Policy) -> Result<leasing_proxy::Connec
         ..tls::Side::default()
     };
     side.check("the proxy's TLS to the cluster (--cert, --key)")?;
-    let dialer = consensus::Dialer::with_tls(tls::client_config(&side, policy, tls::ALPN_H2)?);
+    // A cluster member that fails is redialed after grpc-go's back-off, as etcd's proxy does.
+    let dialer = consensus::Dialer::with_tls(tls::client_config(&side, policy, tls::ALPN_H2)?)
+        .with_backoff();
     let dial_timeout = duration("dial-timeout", &f.dial_timeout)?;
     let keepalive = duration("dial-keepalive-time", &f.dial_keepalive_time)?;
     let keepalive_timeout = duration("dial-keepalive-timeout", &f.dial_keepalive_timeout)?;

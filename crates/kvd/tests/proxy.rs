@@ -614,3 +614,40 @@ fn the_json_gateway_works_through_the_proxy() {
         "v1\n"
     );
 }
+
+/// Cut off from its cluster, a leasing proxy redials after grpc-go's back-off (1 s, ×1.6, ±20 %,
+/// to 120 s) while its clients keep calling, as etcd's proxy does, not at once each time; once
+/// healed it serves again. etcd 3.6.5's proxy, in front of the same cut, is counted beside it.
+#[test]
+fn a_proxy_cut_off_from_its_cluster_redials_after_a_back_off() {
+    use std::sync::atomic::Ordering;
+    const CUT: Duration = Duration::from_secs(20);
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _kvd) = Proc::single_kvd(dir.path());
+    let mut dials = Vec::new();
+    for (name, etcds) in [("kvd", false), ("etcd", true)] {
+        let cut = common::Proxy::start(m.client_hostport());
+        let p = if etcds {
+            Proc::etcd_grpc_proxy(name, dir.path(), &cut.addr, &[PREFIX])
+        } else {
+            Proc::grpc_proxy(name, dir.path(), &cut.addr, &[PREFIX])
+        };
+        p.wait_for("the proxy to answer", 20, || via(&p, &["get", "x"]).0);
+        cut.cut();
+        let before = cut.accepted.load(Ordering::Relaxed);
+        let until = Instant::now() + CUT;
+        while Instant::now() < until {
+            // A client that keeps asking.
+            let _ = via(&p, &["get", "x"]);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let during = cut.accepted.load(Ordering::Relaxed) - before;
+        cut.heal();
+        p.wait_for("the proxy to serve again", 60, || via(&p, &["get", "x"]).0);
+        dials.push((name, during));
+    }
+    println!("connections to the cluster in {CUT:?} cut off: {dials:?}");
+    // Two addresses' back-offs (the gRPC channel's and the direct calls'), each 1 + 1 + 1.6 +
+    // 2.56 + 4.1 + 6.55 s ≈ 6 attempts in 20 s, jitter aside.
+    assert!(dials[0].1 <= 20, "kvd's proxy dialed {} times", dials[0].1);
+}

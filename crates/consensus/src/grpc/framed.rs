@@ -322,7 +322,7 @@ mod tests {
             panic!("a plain connection")
         };
         let sent = prometheus::IntCounter::new("t", "t").unwrap();
-        let d = super::super::direct::Direct::new(tcp, sent.clone());
+        let d = super::super::direct::Direct::new(tcp.into_tcp(), sent.clone());
         // Written by the sending thread: the frame is on the wire before the task runs.
         let mut frame = Vec::new();
         encode(&msg(2, 5), &mut frame).unwrap();

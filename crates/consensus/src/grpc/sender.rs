@@ -288,7 +288,7 @@ impl<'a> LinkTo<'a> {
         match framed::open(self.ident, self.dialer, self.to, self.url).await {
             Ok(Conn::Plain(tcp)) => {
                 let up = self.opened("framed");
-                let d = Arc::new(Direct::new(tcp, up.sent.clone()));
+                let d = Arc::new(Direct::new(tcp.into_tcp(), up.sent.clone()));
                 // What was queued before goes first; a message queued while the stream is
                 // published may still go after later ones (raft takes messages in any order).
                 let mut queued = Vec::new();

@@ -651,6 +651,8 @@ pub mod grpc {
 #[derive(Debug)]
 pub struct Proxy {
     pub addr: String,
+    /// Connections accepted so far (refused ones too, while cut).
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -666,7 +668,8 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-        let (c, s, k) = (cut.clone(), stop.clone(), conns.clone());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (c, s, k, n) = (cut.clone(), stop.clone(), conns.clone(), accepted.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let (down, _) = match l.accept() {
@@ -676,6 +679,7 @@ impl Proxy {
                         continue;
                     }
                 };
+                n.fetch_add(1, Ordering::Relaxed);
                 if c.load(Ordering::Relaxed) {
                     continue; // dropped: refused while cut
                 }
@@ -702,6 +706,7 @@ impl Proxy {
         });
         Proxy {
             addr,
+            accepted,
             cut,
             conns,
             stop,
