@@ -492,8 +492,8 @@ fn scrape(client_url: &str) -> Scrape {
 }
 
 /// After the same calls, every metric of etcd's mixin that etcd 3.7.1 serves is served by kvd
-/// with the same label names (with `--metrics=extensive`, both), and the gRPC calls are
-/// counted alike: by method, type and status code.
+/// with the same label names (with `--metrics=extensive`, both), so is 3.7's request-duration
+/// histogram, and the gRPC calls are counted alike: by method, type and status code.
 #[test]
 fn the_metrics_etcds_mixin_reads_are_served_as_etcd_3_7_serves_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -559,6 +559,20 @@ fn the_metrics_etcds_mixin_reads_are_served_as_etcd_3_7_serves_them() {
         served >= 13,
         "etcd 3.7.1 served {served} of the mixin's metrics"
     );
+    // 3.7's new request-duration histogram, by type and success.
+    let m = "etcd_server_request_duration_seconds";
+    assert_eq!(series(kvd_names, m), series(etcd_names, m), "{m}");
+    let timed = |values: &[(String, f64)], t: &str| {
+        values.iter().any(|(s, v)| {
+            s.starts_with("etcd_server_request_duration_seconds_count")
+                && s.contains(&format!("type=\"{t}\""))
+                && s.contains("success=\"true\"")
+                && *v > 0.0
+        })
+    };
+    for t in ["Put", "LeaseGrant", "Range"] {
+        assert!(timed(etcd_values, t) && timed(kvd_values, t), "{m}: {t}");
+    }
     // The calls made above, counted alike (health checks and readiness probes aside).
     let calls = |values: &[(String, f64)]| -> Vec<String> {
         let mut v: Vec<String> = values

@@ -115,6 +115,17 @@ pub(crate) async fn range(
     who: Option<&AuthInfo>,
     r: RangeRequest,
 ) -> Result<RangeResponse, Status> {
+    let start = std::time::Instant::now();
+    let answer = read_range(core, who, r).await;
+    crate::metrics::read(false, answer.is_ok(), start);
+    answer
+}
+
+async fn read_range(
+    core: &Core,
+    who: Option<&AuthInfo>,
+    r: RangeRequest,
+) -> Result<RangeResponse, Status> {
     validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
     if !r.serializable {
         core.refuse_learner()?;
@@ -174,16 +185,10 @@ pub(crate) async fn txn(
     validate::check_txn(&t, core.cfg.max_txn_ops).map_err(|e| error::mvcc(&e))?;
     core.refuse_learner()?;
     if !writes(&t) {
-        core.linearize().await?;
-        core.permitted(who, |c| auth::txn(c, &t))?;
-        let store = core.backend.store();
-        let mut resp = store
-            .read()
-            .and_then(|mut s| s.txn(&t))
-            .map_err(|e| error::mvcc(&e))?;
-        core.auth_unchanged(who)?;
-        core.fill(&mut resp.header);
-        return Ok(resp);
+        let start = std::time::Instant::now();
+        let answer = read_txn(core, who, &t).await;
+        crate::metrics::read(true, answer.is_ok(), start);
+        return answer;
     }
     core.permitted(who, |c| auth::txn(c, &t))?;
     core.check_quota(prost::Message::encoded_len(&t)).await?;
@@ -194,4 +199,22 @@ pub(crate) async fn txn(
         }
         other => Err(other.unexpected()),
     }
+}
+
+/// A Txn that only reads: after a ReadIndex round, in a store snapshot.
+async fn read_txn(
+    core: &Core,
+    who: Option<&AuthInfo>,
+    t: &TxnRequest,
+) -> Result<TxnResponse, Status> {
+    core.linearize().await?;
+    core.permitted(who, |c| auth::txn(c, t))?;
+    let store = core.backend.store();
+    let mut resp = store
+        .read()
+        .and_then(|mut s| s.txn(t))
+        .map_err(|e| error::mvcc(&e))?;
+    core.auth_unchanged(who)?;
+    core.fill(&mut resp.header);
+    Ok(resp)
 }

@@ -20,6 +20,7 @@ mod http;
 mod kv;
 mod lease;
 mod maintenance;
+mod metrics;
 pub mod migrate;
 mod range_stream;
 pub mod request;
@@ -118,6 +119,7 @@ pub fn client_port(core: &Arc<Core>, config: grpc_wire::Config) -> ClientPort {
     consensus::metrics::init();
     mvcc::init_metrics();
     register_process_metrics(prometheus::default_registry());
+    metrics::init();
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(Arc::downgrade(core), health));
     let gate = axum::middleware::from_fn_with_state(core.clone(), learner_gate);

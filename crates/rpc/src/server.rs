@@ -293,21 +293,27 @@ impl Core {
         req: InternalRequest,
         company: Company,
     ) -> Result<Response, Status> {
-        let data = req.encode_to_vec();
-        if data.len() > self.cfg.max_request_bytes {
-            return Err(error::request_too_large());
-        }
         let (commit, applied) = self.node.progress();
         if too_far_behind(commit.0, applied.0, &req, self.cfg.priority_request) {
             return Err(error::too_many_requests());
         }
-        match self.node.propose_local(data, Box::new(req), company).await {
-            Ok(applied) => applied,
-            Err(e) => {
-                self.proposals_failed.fetch_add(1, Ordering::Relaxed);
-                Err(error::consensus(&e))
+        // Timed from here, as etcd times it (etcd_server_request_duration_seconds).
+        let start = std::time::Instant::now();
+        let kind = crate::metrics::request_type(req.op.as_ref());
+        let data = req.encode_to_vec();
+        let answer = if data.len() > self.cfg.max_request_bytes {
+            Err(error::request_too_large())
+        } else {
+            match self.node.propose_local(data, Box::new(req), company).await {
+                Ok(applied) => applied,
+                Err(e) => {
+                    self.proposals_failed.fetch_add(1, Ordering::Relaxed);
+                    Err(error::consensus(&e))
+                }
             }
-        }
+        };
+        crate::metrics::proposal(kind, answer.is_ok(), start);
+        answer
     }
 
     /// Waits until a read here sees every write acknowledged before the call (ReadIndex).
