@@ -1,8 +1,8 @@
 //! A sole voter takes the Ready loop's turn on the proposing thread (`RaftNode::propose`):
 //! proposals made in one pass of their caller share that turn's WAL fsync, a lone caller's
 //! proposal takes it at once while proposals come one at a time, and a stopped node answers a
-//! proposal instead of leaving it waiting. Alone in its binary: it counts the process's WAL
-//! fsyncs.
+//! proposal instead of leaving it waiting. Alone in its binary, its tests one at a time: they
+//! count the process's WAL fsyncs.
 
 mod harness;
 
@@ -16,6 +16,10 @@ use consensus::{Company, Error, RaftNode, LONE_TURNS};
 use harness::{fast, Cluster};
 
 type Proposal<'a> = Pin<Box<dyn Future<Output = consensus::Result<u64>> + 'a>>;
+
+/// Both tests count the process's WAL fsyncs: they run one at a time, or each would count the
+/// other's.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Polls every future in turn, as one connection polls its calls, until all are done.
 async fn poll_together(futs: Vec<Proposal<'_>>) -> Vec<consensus::Result<u64>> {
@@ -65,6 +69,7 @@ fn lazy_proposals(node: &RaftNode<u64>, n: usize) -> Vec<Proposal<'_>> {
 
 #[test]
 fn proposals_made_together_share_one_fsync_and_a_stopped_node_answers() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Cluster::new(1, fast);
     c.leader();
     // The first write of its term makes the member a sole leader (see `RaftNode::read_index`).
@@ -122,6 +127,7 @@ fn done_in_first_poll(c: &Cluster, f: Proposal<'_>) -> bool {
 
 #[test]
 fn a_lone_callers_proposal_takes_its_turn_at_once_until_company_comes() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::new(1, fast);
     c.leader();
     let node = c.node(1);
