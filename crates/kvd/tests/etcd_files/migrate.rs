@@ -26,7 +26,8 @@ pub(super) fn endpoints(ms: &[Addrs]) -> String {
 
 /// The members as `member list` prints them, sorted; and the cluster id.
 fn members(ep: &str) -> (Vec<String>, u64) {
-    let out = ctl_ok(ep, &["member", "list", "-w", "json"]);
+    // As a user: etcd 3.7 (and kvd) refuse the list to a caller without credentials.
+    let out = root_ok(ep, &["member", "list", "-w", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let mut ms: Vec<String> = v["members"]
         .as_array()
