@@ -133,15 +133,6 @@ where
         let (a, b) = frame::unpad(&h, payload)?;
         let data = &payload[a..b];
         let end = h.has(frame::END_STREAM);
-        if let Some(calls) = &self.cfg.calls {
-            if self
-                .streams
-                .get(&h.stream)
-                .is_some_and(|s| s.call.is_some())
-            {
-                calls.received(data.len());
-            }
-        }
         if data.is_empty() && !end {
             self.waste(1.0, "too_many_empty_frames")?;
         }
@@ -157,6 +148,9 @@ where
         if s.remote_closed {
             self.reset(h.stream, Reason::STREAM_CLOSED);
             return Ok(());
+        }
+        if let (Some(calls), Some(_)) = (&self.cfg.calls, s.call) {
+            calls.received(data.len());
         }
         s.recv_window -= len;
         if s.recv_window < 0 {
