@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(args);
     if cli.version {
         println!("kvd Version: {}", env!("CARGO_PKG_VERSION"));
-        println!("etcd API Version: {}", rpc::server::ETCD_API_VERSION);
+        println!("etcd API Version: {}", rpc::version::SERVER_VERSION);
         return ExitCode::SUCCESS;
     }
     let r = match cli.cmd {

@@ -59,16 +59,23 @@ fn the_member_list_never_shows_a_started_member_without_its_client_urls() {
 
 /// Which fields an answer carries, as a line: the header's presence, and the rest.
 fn maintenance_fields(client_url: &str) -> Vec<String> {
+    // Once the leader's monitor has set the cluster version (and with it the storage version).
+    common::wait_for("the cluster version", 30, || {
+        common::http_get(client_url, "/version")
+            .1
+            .contains(r#""storage":"3.7.0""#)
+    });
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut m = common::grpc::maintenance(client_url);
         let mut out = Vec::new();
         let status = m.status(StatusRequest {}).await.unwrap().into_inner();
         out.push(format!(
-            "status: header {} storage_version {} downgrade_info {:?}",
+            "status: header {} storage_version {} downgrade_info {:?} db_size_quota {}",
             status.header.is_some(),
             status.storage_version,
-            status.downgrade_info
+            status.downgrade_info,
+            status.db_size_quota
         ));
         let d = m
             .defragment(DefragmentRequest {})
@@ -102,7 +109,7 @@ fn maintenance_fields(client_url: &str) -> Vec<String> {
         let dg = m
             .downgrade(DowngradeRequest {
                 action: 0,
-                version: "3.5".into(),
+                version: "3.6".into(),
             })
             .await
             .unwrap()
@@ -120,7 +127,7 @@ fn maintenance_fields(client_url: &str) -> Vec<String> {
 fn maintenance_answers_carry_the_fields_etcds_carry() {
     let dir = tempfile::tempdir().unwrap();
     let (k, _kvd) = Proc::single_kvd(dir.path());
-    let (e, _etcd) = Proc::single_etcd(dir.path());
+    let (e, _etcd) = Proc::single_etcd_of(dir.path(), "v3.7.1");
     let want = maintenance_fields(&e.client);
     let got = maintenance_fields(&k.client);
     common::assert_same_answers(&want, &got);
@@ -135,25 +142,37 @@ fn maintenance_answers_carry_the_fields_etcds_carry() {
 /// `endpoint status` shows it).
 fn downgrade_transcript(endpoint: &str) -> Vec<String> {
     let steps: &[&[&str]] = &[
+        &["downgrade", "validate", "3.6"],
         &["downgrade", "validate", "3.5"],
-        &["downgrade", "validate", "3.4"],
-        &["downgrade", "validate", "3.7"],
-        &["downgrade", "validate", "v3.5"],
+        &["downgrade", "validate", "3.8"],
+        &["downgrade", "validate", "v3.6"],
         &["downgrade", "cancel"],
+        &["downgrade", "enable", "3.7"],
         &["downgrade", "enable", "3.6"],
-        &["downgrade", "enable", "3.5"],
         &["status"],
-        &["downgrade", "validate", "3.5"],
-        &["downgrade", "enable", "3.5.2"],
+        &["wait", "3.6.0"],
+        &["downgrade", "validate", "3.6"],
+        &["downgrade", "enable", "3.6.2"],
         &["downgrade", "cancel"],
         &["status"],
+        &["wait", "3.7.0"],
         &["downgrade", "cancel"],
-        &["downgrade", "enable", "3.5.2"],
+        &["downgrade", "enable", "3.6.2"],
         &["status"],
+        &["wait", "3.6.0"],
     ];
     let mut out = Vec::new();
     for step in steps {
-        let line = if step == &["status"] {
+        let line = if let ["wait", version] = step {
+            // The leader's monitor moves the cluster version a few seconds later.
+            let needle = format!(r#""etcdcluster":"{version}""#);
+            common::wait_for(&format!("cluster version {version}"), 30, || {
+                common::http_get(&format!("http://{endpoint}"), "/version")
+                    .1
+                    .contains(&needle)
+            });
+            format!("cluster version {version}")
+        } else if step == &["status"] {
             let json = ctl_ok(endpoint, &["endpoint", "status", "-w", "json"]);
             let at = json.find("\"downgradeInfo\"").expect("downgradeInfo");
             let end = at + json[at..].find('}').unwrap() + 1;
@@ -185,12 +204,12 @@ fn downgrade_transcript(endpoint: &str) -> Vec<String> {
 fn etcdctl_downgrade_behaves_as_with_etcd_and_the_job_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (k, mut kvd) = Proc::single_kvd(dir.path());
-    let (e, _etcd) = Proc::single_etcd(dir.path());
+    let (e, _etcd) = Proc::single_etcd_of(dir.path(), "v3.7.1");
     let want = downgrade_transcript(&e.endpoint());
     let got = downgrade_transcript(&k.endpoint());
     common::assert_same_answers(&want, &got);
     assert!(
-        want.contains(&r#""downgradeInfo":{"enabled":true,"targetVersion":"3.5.0"}"#.to_string()),
+        want.contains(&r#""downgradeInfo":{"enabled":true,"targetVersion":"3.6.0"}"#.to_string()),
         "{want:?}"
     );
     // The job is replicated state: it is there after a restart.
@@ -205,7 +224,7 @@ fn etcdctl_downgrade_behaves_as_with_etcd_and_the_job_survives_a_restart() {
     kvd.wait_ready();
     let status = ctl_ok(&k.endpoint(), &["endpoint", "status", "-w", "json"]);
     assert!(
-        status.contains(r#""downgradeInfo":{"enabled":true,"targetVersion":"3.5.0"}"#),
+        status.contains(r#""downgradeInfo":{"enabled":true,"targetVersion":"3.6.0"}"#),
         "{status}"
     );
 }

@@ -14,20 +14,9 @@ use common::{Addrs, Proc};
 
 const ETCD: &str = "v3.7.1";
 
-/// A one-member etcd 3.7.1 cluster in `dir/etcd37`, ready.
+/// A one-member etcd 3.7.1 cluster, ready.
 fn single_etcd37(dir: &Path) -> (Addrs, Proc) {
-    let m = Addrs::new("default");
-    let bin = common::etcd_tools(ETCD).join("etcd");
-    let mut p = Proc::start(
-        &bin,
-        &m,
-        &dir.join("etcd37"),
-        std::slice::from_ref(&m),
-        "new",
-        &[],
-    );
-    p.wait_ready();
-    (m, p)
+    Proc::single_etcd_of(dir, ETCD)
 }
 
 /// `go test` of `tests/clients/go37` with `env`, asserting that each of `tests` passed.
@@ -614,4 +603,121 @@ fn keep_alive_series(client_url: &str) -> Vec<(String, f64)> {
         .into_iter()
         .filter(|(s, _)| s.contains("LeaseKeepAlive") && !s.contains("_bucket"))
         .collect()
+}
+
+/// What a RangeStream of every key answers on `client_url`: Ok, or the error's code.
+fn range_stream_code(client_url: &str) -> tonic::Code {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let req = RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        };
+        let mut kv = common::grpc::kv(client_url);
+        match kv.range_stream(req).await {
+            Err(s) => s.code(),
+            Ok(r) => {
+                let mut s = r.into_inner();
+                loop {
+                    match s.message().await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return tonic::Code::Ok,
+                        Err(e) => return e.code(),
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// `/version` on `m`.
+fn versions(m: &Addrs) -> String {
+    common::http_get(&m.client, "/version").1
+}
+
+/// Waits until every member of `ms` reports cluster and storage version `v` (`3.6.0`).
+fn wait_versions(ms: &[Addrs], v: &str) {
+    let want = format!(r#"{{"etcdserver":"3.7.1","etcdcluster":"{v}","storage":"{v}"}}"#);
+    for m in ms {
+        common::wait_for(&format!("{} at {v}", m.name), 30, || versions(m) == want);
+    }
+}
+
+/// A downgrade is the cluster's: `downgrade enable 3.6` on one member of three brings every
+/// member's cluster and storage versions to 3.6 and RangeStream to etcd 3.6's answer
+/// (Unimplemented), through a restart of every member, until a cancel on another member
+/// brings them back to 3.7. etcd 3.7.1 keeps serving RangeStream while downgraded (checked
+/// here, so a change of etcd's shows).
+#[test]
+fn a_downgrade_to_3_6_is_the_clusters_and_survives_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ms: Vec<Addrs> = (1..=3).map(|i| Addrs::new(&format!("m{i}"))).collect();
+    let start = |m: &Addrs, state: &str| Proc::kvd(m, &dir.path().join(&m.name), &ms, state, &[]);
+    let mut ps: Vec<Proc> = ms.iter().map(|m| start(m, "new")).collect();
+    for p in &mut ps {
+        p.wait_ready();
+    }
+    common::ctl_ok(&ms[0].endpoint(), &["put", "a", "1"]);
+    wait_versions(&ms, "3.7.0");
+    for m in &ms {
+        assert_eq!(range_stream_code(&m.client), tonic::Code::Ok, "{}", m.name);
+    }
+
+    let out = common::ctl_ok(&ms[0].endpoint(), &["downgrade", "enable", "3.6"]);
+    assert!(out.contains("Downgrade enable success"), "{out}");
+    wait_versions(&ms, "3.6.0");
+    for m in &ms {
+        assert_eq!(
+            range_stream_code(&m.client),
+            tonic::Code::Unimplemented,
+            "{}",
+            m.name
+        );
+    }
+    let status = common::ctl_ok(&ms[2].endpoint(), &["endpoint", "status", "-w", "json"]);
+    assert!(
+        status.contains(r#""storageVersion":"3.6.0""#)
+            && status.contains(r#""downgradeInfo":{"enabled":true,"targetVersion":"3.6.0"}"#),
+        "{status}"
+    );
+
+    // Kept where etcd keeps it: after every member restarts, 3.6 from the first answer on.
+    for p in &mut ps {
+        p.kill();
+    }
+    let mut ps: Vec<Proc> = ms.iter().map(|m| start(m, "existing")).collect();
+    for p in &mut ps {
+        p.wait_ready();
+    }
+    for m in &ms {
+        assert!(
+            versions(m).contains(r#""etcdcluster":"3.6.0""#),
+            "{}",
+            versions(m)
+        );
+        assert_eq!(
+            range_stream_code(&m.client),
+            tonic::Code::Unimplemented,
+            "{}",
+            m.name
+        );
+    }
+
+    let out = common::ctl_ok(&ms[1].endpoint(), &["downgrade", "cancel"]);
+    assert!(out.contains("Downgrade cancel success"), "{out}");
+    wait_versions(&ms, "3.7.0");
+    for m in &ms {
+        assert_eq!(range_stream_code(&m.client), tonic::Code::Ok, "{}", m.name);
+    }
+    drop(ps);
+
+    let (e, _etcd) = single_etcd37(dir.path());
+    common::ctl_ok(&e.endpoint(), &["downgrade", "enable", "3.6"]);
+    wait_versions(std::slice::from_ref(&e), "3.6.0");
+    assert_eq!(
+        range_stream_code(&e.client),
+        tonic::Code::Ok,
+        "etcd 3.7.1 downgraded"
+    );
 }

@@ -136,12 +136,7 @@ fn etcdctl_prints_against_kvd_what_it_prints_against_etcd() {
     assert!(ctl_ok(&k.endpoint(), &["endpoint", "health"]).contains("is healthy"));
     let status = ctl_ok(&k.endpoint(), &["endpoint", "status", "-w", "json"]);
     assert!(status.contains("\"leader\""), "{status}");
-    // The quota as given (unset: 0, which the JSON omits), as etcd reports it.
-    let quota = |ep: &str| {
-        let s = ctl_ok(ep, &["endpoint", "status", "-w", "json"]);
-        common::json_number(&s, "dbSizeQuota")
-    };
-    assert_eq!(quota(&k.endpoint()), quota(&e.endpoint()));
+    // (The quota Status reports changed in 3.7: compared with etcd 3.7.1 in corners.rs.)
     let members = ctl_ok(&k.endpoint(), &["member", "list"]);
     assert!(
         members.contains(&format!(

@@ -20,7 +20,7 @@ fn http_endpoints_and_grpc_health_answer_as_etcds() {
     let (code, v) = get(&m.client, "/version");
     assert_eq!(code, 200);
     assert!(
-        v.contains(r#""etcdserver":"3.6"#) && v.contains(r#""etcdcluster""#),
+        v.contains(r#""etcdserver":"3.7.1""#) && v.contains(r#""etcdcluster""#),
         "{v}"
     );
     common::ctl_ok(&m.endpoint(), &["put", "a", "b"]);

@@ -38,9 +38,8 @@ const META_KEPT: [&[u8]; 4] = [
 ];
 const CONF_STATE: &[u8] = b"confState";
 const STORAGE_VERSION: &[u8] = b"storageVersion";
-const CLUSTER_VERSION: &[u8] = b"clusterVersion";
-/// Cluster keys etcd writes (the store keeps `downgrade`; `clusterVersion` is [`EtcdMeta`]'s).
-const CLUSTER_KEYS: [&[u8]; 2] = [CLUSTER_VERSION, crate::downgrade::KEY];
+/// Cluster keys etcd writes, both kept by the store.
+const CLUSTER_KEYS: [&[u8]; 2] = [crate::cluster::VERSION, crate::cluster::DOWNGRADE];
 
 /// What an etcd data file holds that the store does not keep.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,7 +52,8 @@ pub struct EtcdMeta {
     pub conf_state: Option<Vec<u8>>,
     /// `meta/storageVersion` (etcd 3.6 and later).
     pub storage_version: Option<String>,
-    /// `cluster/clusterVersion` (etcd 3.5 and later).
+    /// `cluster/clusterVersion` (etcd 3.5 and later): found on import (the store keeps it
+    /// too); on export, one to write in place of the store's.
     pub cluster_version: Option<String>,
 }
 
@@ -158,9 +158,9 @@ fn build(src: &bbolt::Db, dst: &Path) -> Result<Imported> {
                     ));
                     return Ok(false);
                 }
-                CLUSTER_BUCKET if k == CLUSTER_VERSION => {
+                CLUSTER_BUCKET if k == crate::cluster::VERSION => {
                     out.etcd.cluster_version = Some(utf8(v));
-                    Ok(())
+                    copy(k, v)
                 }
                 CLUSTER_BUCKET if CLUSTER_KEYS.contains(&k) => copy(k, v),
                 CLUSTER_BUCKET => {
@@ -286,12 +286,12 @@ impl Store {
             set(
                 &mut overlay,
                 CLUSTER_BUCKET,
-                CLUSTER_VERSION,
+                crate::cluster::VERSION,
                 Some(v.clone().into_bytes()),
             );
         }
         // What a file of kvd's before etcd's forms may still hold in the meta bucket.
-        set(&mut overlay, META_BUCKET, crate::downgrade::KEY, None);
+        set(&mut overlay, META_BUCKET, crate::cluster::DOWNGRADE, None);
         let layout = bbolt::plan(4096, &mut |s| feed(&txn, &overlay, s))?;
         Ok(EtcdFile {
             txn,

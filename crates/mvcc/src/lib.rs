@@ -20,7 +20,7 @@
 
 mod alarm;
 mod auth;
-mod downgrade;
+pub mod cluster;
 pub mod dump;
 mod error;
 pub mod etcd_file;

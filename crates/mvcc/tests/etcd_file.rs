@@ -66,6 +66,7 @@ fn busy_store(path: &std::path::Path) -> Store {
         enabled: true,
         target_version: "3.5.0".into(),
     });
+    w.set_cluster_version("3.6.0");
     drop(w);
     store.flush().unwrap();
     store
@@ -106,6 +107,7 @@ fn same_state(a: &Store, b: &Store) {
     assert_eq!(*a.auth(), *b.auth());
     assert_eq!(a.alarms(), b.alarms());
     assert_eq!(a.downgrade(), b.downgrade());
+    assert_eq!(a.cluster_version(), b.cluster_version());
 }
 
 fn etcd_meta() -> EtcdMeta {

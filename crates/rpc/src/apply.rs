@@ -61,6 +61,8 @@ impl KvStateMachine {
             // Anyone may grant a lease (etcd's rule); Authenticate was checked by password;
             // checkpoints are the leader's own.
             Op::LeaseGrant(_) | Op::Authenticate(_) | Op::LeaseCheckpoint(_) => Ok(()),
+            // The leader's own.
+            Op::ClusterVersionSet(_) => Ok(()),
             _ => c.need(Need::Write, &[0], &[0]),
         }
     }
@@ -147,6 +149,15 @@ impl KvStateMachine {
             }
             Op::DowngradeInfoSet(d) => {
                 w.set_downgrade(d);
+                Response::None
+            }
+            Op::ClusterVersionSet(v) => {
+                match crate::version::Version::parse(&v.ver) {
+                    Some(_) => w.set_cluster_version(&v.ver),
+                    None => {
+                        tracing::warn!(version = %v.ver, "a cluster version that is not a version: ignored")
+                    }
+                }
                 Response::None
             }
             // Routed to the auth store above.

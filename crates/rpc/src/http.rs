@@ -11,7 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::server::{Core, ETCD_API_VERSION, STORAGE_VERSION};
+use crate::server::Core;
+use crate::version::{Version, SERVER_VERSION};
 
 /// How long `/health` waits for its linearizable check (etcd: 1 s past the request timeout is
 /// too long for a probe; it uses the request timeout of its client, we use this).
@@ -131,11 +132,19 @@ async fn livez() -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-async fn version() -> Response {
+/// etcd's `/version`: the cluster version "not_decided" and the storage version "unknown"
+/// until the leader's monitor first sets them.
+async fn version(State(core): State<Arc<Core>>) -> Response {
+    let cluster = core
+        .cluster_version()
+        .map_or_else(|| "not_decided".to_owned(), Version::full);
+    let storage = core
+        .storage_version()
+        .map_or_else(|| "unknown".to_owned(), Version::full);
     json(
         StatusCode::OK,
         format!(
-            r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{ETCD_API_VERSION}","storage":"{STORAGE_VERSION}"}}"#
+            r#"{{"etcdserver":"{SERVER_VERSION}","etcdcluster":"{cluster}","storage":"{storage}"}}"#
         ),
     )
 }
@@ -274,8 +283,17 @@ async fn metrics(State(core): State<Arc<Core>>) -> Response {
     let _ = writeln!(out, "# TYPE etcd_server_version gauge");
     let _ = writeln!(
         out,
-        "etcd_server_version{{server_version=\"{ETCD_API_VERSION}\"}} 1"
+        "etcd_server_version{{server_version=\"{SERVER_VERSION}\"}} 1"
     );
+    if let Some(v) = core.cluster_version() {
+        let _ = writeln!(out, "# HELP etcd_cluster_version Which version is running. 1 for 'cluster_version' label with current cluster version");
+        let _ = writeln!(out, "# TYPE etcd_cluster_version gauge");
+        let _ = writeln!(
+            out,
+            "etcd_cluster_version{{cluster_version=\"{}\"}} 1",
+            v.short()
+        );
+    }
     // What the client connections hold, and what they were refused.
     out.push_str(&core.client_guard.stats().prometheus("kvd_client"));
     out.push_str(&core.grpc_calls.prometheus());

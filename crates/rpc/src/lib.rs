@@ -26,6 +26,7 @@ mod range_stream;
 pub mod request;
 pub mod server;
 pub mod snapshot;
+pub mod version;
 mod watch;
 
 use std::sync::Arc;
@@ -188,16 +189,19 @@ pub fn peer_services(core: &Arc<Core>) -> tonic::service::Routes {
         cluster_svc,
         check,
     ));
-    // Of Maintenance, only HashKV: the leader's corruption check asks its followers.
+    // Of Maintenance, HashKV (the leader's corruption check asks its followers) and Status
+    // (its version monitor asks their versions).
     tonic::service::Routes::from(
         routes
             .into_axum_router()
-            .route_service(PEER_HASH_KV, maintenance),
+            .route_service(PEER_HASH_KV, maintenance.clone())
+            .route_service(PEER_STATUS, maintenance),
     )
 }
 
-/// The one Maintenance call the peer port serves.
+/// The Maintenance calls the peer port serves.
 const PEER_HASH_KV: &str = "/etcdserverpb.Maintenance/HashKV";
+const PEER_STATUS: &str = "/etcdserverpb.Maintenance/Status";
 
 /// What `--listen-metrics-urls` serve, as etcd: `/metrics` and the health endpoints.
 pub fn metrics_router(core: &Arc<Core>) -> axum::Router {

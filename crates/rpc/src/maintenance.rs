@@ -22,7 +22,8 @@ use tonic::{Request, Response, Status};
 
 use crate::error;
 use crate::request::{Op, Response as Applied};
-use crate::server::{Core, ETCD_API_VERSION, STORAGE_VERSION};
+use crate::server::Core;
+use crate::version::{Version, SERVER_VERSION};
 
 /// The Maintenance service.
 #[derive(Debug, Clone)]
@@ -99,8 +100,10 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        // As etcd 3.7: any user.
-        self.core.signed_in(self.core.who(&req).await?.as_ref())?;
+        // As etcd 3.7: any user; on the peer port, the leader's version monitor.
+        if !crate::forwarded(&req) {
+            self.core.signed_in(self.core.who(&req).await?.as_ref())?;
+        }
         let st = self.core.node.status();
         let store = self.core.backend.store();
         // As bbolt reports them to etcd: up to the high-water mark, and that less the pages the
@@ -115,7 +118,7 @@ impl Maintenance for MaintenanceService {
         let is_learner = st.members.get(st.id).is_some_and(|m| m.is_learner);
         Ok(Response::new(StatusResponse {
             header: Some(self.core.header(store.rev())),
-            version: ETCD_API_VERSION.into(),
+            version: SERVER_VERSION.into(),
             db_size: space.size as i64,
             leader: st.leader.unwrap_or(MemberId::NONE).0,
             raft_index: st.commit.0,
@@ -124,9 +127,17 @@ impl Maintenance for MaintenanceService {
             errors,
             db_size_in_use: space.in_use as i64,
             is_learner,
-            storage_version: STORAGE_VERSION.into(),
-            // As etcd: the flag as given (0 when unset), not the quota in force.
-            db_size_quota: self.core.cfg.quota_backend_bytes as i64,
+            storage_version: self
+                .core
+                .storage_version()
+                .map(|v| v.full())
+                .unwrap_or_default(),
+            // As etcd 3.7: the flag as given, or etcd's default quota (2 GiB) when unset
+            // (3.6 answered 0 then).
+            db_size_quota: match self.core.cfg.quota_backend_bytes {
+                0 => ETCD_DEFAULT_QUOTA_BYTES,
+                q => q as i64,
+            },
             downgrade_info: Some(store.downgrade()),
         }))
     }
@@ -202,7 +213,9 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.core.admin(self.core.who(&req).await?.as_ref())?;
         let store = self.core.backend.store();
-        let etcd = crate::snapshot::etcd_meta(&self.core.node.members());
+        let storage = self.core.storage_version();
+        let etcd = crate::snapshot::etcd_meta(&self.core.node.members(), storage);
+        let version = storage.map(|v| v.full()).unwrap_or_default();
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             // As etcd's: no header, the storage version on every message.
@@ -211,7 +224,7 @@ impl Maintenance for MaintenanceService {
                     header: None,
                     remaining_bytes,
                     blob,
-                    version: STORAGE_VERSION.into(),
+                    version: version.clone(),
                 };
                 tx.blocking_send(Ok(resp))
                     .map_err(|_| std::io::Error::other("the client went away"))
@@ -272,53 +285,61 @@ impl Maintenance for MaintenanceService {
         self.core.linearize().await?;
         let store = self.core.backend.store();
         let job = store.downgrade();
-        let resp = || {
+        let cluster = self.core.cluster_version();
+        let resp = |cluster: Option<Version>| {
             Response::new(DowngradeResponse {
                 header: Some(self.core.header(store.rev())),
-                version: CLUSTER_VERSION.into(),
+                version: cluster.map(Version::short).unwrap_or_default(),
             })
         };
         let set = |info: DowngradeInfo| self.core.propose(Op::DowngradeInfoSet(info), who.as_ref());
         match DowngradeAction::try_from(req.action) {
             Ok(DowngradeAction::Validate) => {
-                downgrade_target(&req.version, job.enabled)?;
-                Ok(resp())
+                downgrade_target(&req.version, cluster, job.enabled)?;
+                Ok(resp(cluster))
             }
             Ok(DowngradeAction::Enable) => {
-                let target = downgrade_target(&req.version, job.enabled)?;
+                let target = downgrade_target(&req.version, cluster, job.enabled)?;
                 set(DowngradeInfo {
                     enabled: true,
-                    target_version: target,
+                    target_version: target.full(),
                 })
                 .await?;
-                Ok(resp())
+                Ok(resp(self.core.cluster_version()))
             }
-            // etcd 3.6.5 cancels whether or not a job is under way.
+            // etcd answers a cancel with no downgrade under way as one that cancelled.
             Ok(DowngradeAction::Cancel) => {
                 if job.enabled {
                     set(DowngradeInfo::default()).await?;
                 }
-                Ok(resp())
+                Ok(resp(self.core.cluster_version()))
             }
             Err(_) => Err(Status::invalid_argument("etcdserver: unknown method")),
         }
     }
 }
 
-/// The cluster version (etcd's: major.minor of the version the members run).
-const CLUSTER_VERSION: &str = "3.6";
+/// etcd's `DefaultQuotaBytes`.
+const ETCD_DEFAULT_QUOTA_BYTES: i64 = 2 << 30;
 
-/// The target a downgrade request may name (`3.5` or `3.5.z`: etcd takes major.minor, or a
-/// full version whose patch it drops, and allows only the minor version below the cluster's),
-/// as stored in the job (`3.5.0`); etcd's errors otherwise.
-fn downgrade_target(version: &str, in_progress: bool) -> Result<String, Status> {
+/// The target a downgrade request may name (`3.6` or `3.6.z`: etcd takes major.minor, or a
+/// full version whose patch it drops, and allows only the minor version below the cluster's);
+/// etcd's errors otherwise.
+fn downgrade_target(
+    version: &str,
+    cluster: Option<Version>,
+    in_progress: bool,
+) -> Result<Version, Status> {
     let wrong = || Status::invalid_argument("etcdserver: wrong downgrade target version format");
-    let (major, minor) = semver_major_minor(version)
-        .or_else(|| semver_major_minor(&format!("{version}.0")))
+    let target = Version::parse(version)
+        .or_else(|| Version::parse(&format!("{version}.0")))
         .ok_or_else(wrong)?;
-    let (cluster_major, cluster_minor) =
-        semver_major_minor(&format!("{CLUSTER_VERSION}.0")).expect("a version");
-    if (major, minor) != (cluster_major, cluster_minor.wrapping_sub(1)) {
+    let Some(cluster) = cluster else {
+        return Err(Status::failed_precondition(
+            "etcdserver: cluster version not found during downgrade",
+        ));
+    };
+    if target != cluster.downgrade_target() {
         return Err(Status::invalid_argument(
             "etcdserver: invalid downgrade target version",
         ));
@@ -328,22 +349,7 @@ fn downgrade_target(version: &str, in_progress: bool) -> Result<String, Status> 
             "etcdserver: cluster has a downgrade job in progress",
         ));
     }
-    Ok(format!("{major}.{minor}.0"))
-}
-
-/// Major and minor of a semantic version `X.Y.Z[-pre][+build]` (coreos/go-semver's syntax).
-fn semver_major_minor(v: &str) -> Option<(u64, u64)> {
-    let core = v.split(['-', '+']).next()?;
-    let parts: Vec<&str> = core.split('.').collect();
-    let [major, minor, patch] = parts.as_slice() else {
-        return None;
-    };
-    let num = |s: &str| -> Option<u64> {
-        let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        ok.then(|| s.parse().ok()).flatten()
-    };
-    num(patch)?;
-    Some((num(major)?, num(minor)?))
+    Ok(target)
 }
 
 #[cfg(test)]
@@ -352,9 +358,11 @@ mod downgrade_tests {
 
     #[test]
     fn targets_as_etcd_takes_them() {
-        assert_eq!(downgrade_target("3.5", false).unwrap(), "3.5.0");
-        assert_eq!(downgrade_target("3.5.9", false).unwrap(), "3.5.0");
-        let e = |v: &str, busy| downgrade_target(v, busy).unwrap_err();
+        let at = Some(Version { major: 3, minor: 6 });
+        let ok = |v: &str| downgrade_target(v, at, false).unwrap().full();
+        assert_eq!(ok("3.5"), "3.5.0");
+        assert_eq!(ok("3.5.9"), "3.5.0");
+        let e = |v: &str, busy| downgrade_target(v, at, busy).unwrap_err();
         assert_eq!(
             e("v3.5", false).message(),
             "etcdserver: wrong downgrade target version format"
@@ -369,5 +377,10 @@ mod downgrade_tests {
             "etcdserver: invalid downgrade target version"
         );
         assert_eq!(e("3.5", true).code(), tonic::Code::FailedPrecondition);
+        let undecided = downgrade_target("3.6", None, false).unwrap_err();
+        assert_eq!(
+            undecided.message(),
+            "etcdserver: cluster version not found during downgrade"
+        );
     }
 }

@@ -78,6 +78,7 @@ pub(crate) fn request_type(op: Option<&Op>) -> &'static str {
         Some(Op::RoleGrantPermission(_)) => "AuthRoleGrantPermission",
         Some(Op::RoleRevokePermission(_)) => "AuthRoleRevokePermission",
         Some(Op::DowngradeInfoSet(_)) => "DowngradeInfoSet",
+        Some(Op::ClusterVersionSet(_)) => "ClusterVersionSet",
         None => "Unknown",
     }
 }

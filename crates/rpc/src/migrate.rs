@@ -134,6 +134,8 @@ struct EtcdRequest {
     role_grant_permission: Option<AuthRoleGrantPermissionRequest>,
     #[prost(message, optional, tag = "1204")]
     role_revoke_permission: Option<AuthRoleRevokePermissionRequest>,
+    #[prost(message, optional, tag = "1300")]
+    cluster_version_set: Option<crate::request::ClusterVersionSet>,
     #[prost(message, optional, tag = "1301")]
     member_attr_set: Option<MemberAttrSet>,
     #[prost(message, optional, tag = "1302")]
@@ -141,9 +143,8 @@ struct EtcdRequest {
 }
 
 /// Fields of `InternalRaftRequest` that change nothing when applied: the request id, reads
-/// (range, auth status, user and role gets and lists), the cluster version (kvd reports its
-/// own) and the downgrade test request.
-const NOTHING_TO_APPLY: [u32; 10] = [1, 3, 100, 1013, 1102, 1106, 1107, 1202, 1300, 9900];
+/// (range, auth status, user and role gets and lists) and the downgrade test request.
+const NOTHING_TO_APPLY: [u32; 9] = [1, 3, 100, 1013, 1102, 1106, 1107, 1202, 9900];
 
 /// The field numbers of the top-level message, or None if it is not well-formed protobuf.
 fn field_numbers(mut b: &[u8]) -> Option<Vec<u32>> {
@@ -159,7 +160,7 @@ fn field_numbers(mut b: &[u8]) -> Option<Vec<u32>> {
 
 /// The fields [`EtcdRequest`] and [`NOTHING_TO_APPLY`] cover.
 fn known(tag: u32) -> bool {
-    matches!(tag, 2 | 4..=11 | 1000 | 1011 | 1012 | 1100 | 1101 | 1103..=1105 | 1200 | 1201 | 1203 | 1204 | 1301 | 1302)
+    matches!(tag, 2 | 4..=11 | 1000 | 1011 | 1012 | 1100 | 1101 | 1103..=1105 | 1200 | 1201 | 1203 | 1204 | 1300..=1302)
         || NOTHING_TO_APPLY.contains(&tag)
 }
 
@@ -477,6 +478,10 @@ fn request_op(data: &[u8], members: &mut Members) -> Result<ImportedOp, String> 
             role_revoke_permission: Some(r),
             ..
         } => Op::RoleRevokePermission(r),
+        EtcdRequest {
+            cluster_version_set: Some(v),
+            ..
+        } => Op::ClusterVersionSet(v),
         EtcdRequest {
             downgrade_info_set: Some(d),
             ..

@@ -18,6 +18,7 @@ use tonic::Status;
 use crate::auth::{self, AuthInfo};
 use crate::error;
 use crate::server::Core;
+use crate::version::Version;
 
 /// The chunks of one RangeStream call.
 pub type Chunks = Pin<Box<dyn Stream<Item = Result<RangeStreamResponse, Status>> + Send>>;
@@ -32,6 +33,13 @@ pub(crate) async fn range_stream(
     who: Option<AuthInfo>,
     r: RangeRequest,
 ) -> Result<Chunks, Status> {
+    // A cluster at 3.6 (downgrading) answers as etcd 3.6's members, which have no such call.
+    // etcd 3.7.1 serves it whatever the cluster version.
+    if core.cluster_below(Version::RANGE_STREAM) {
+        return Err(Status::unimplemented(
+            "unknown method RangeStream for service etcdserverpb.KV",
+        ));
+    }
     validate::check_range(&r).map_err(|e| error::mvcc(&e))?;
     let by_key = r.sort_order == SortOrder::None as i32
         || (r.sort_target == SortTarget::Key as i32 && r.sort_order == SortOrder::Ascend as i32);

@@ -17,7 +17,7 @@ use prost::Message;
 pub struct InternalRequest {
     #[prost(
         oneof = "Op",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22"
     )]
     pub op: Option<Op>,
     /// Who asked, for a client's request (etcd's RequestHeader): applying it checks the
@@ -46,6 +46,15 @@ pub struct InternalAuthenticate {
     pub name: String,
     #[prost(string, tag = "2")]
     pub simple_token: String,
+}
+
+/// The cluster version set (etcd's `membershippb.ClusterVersionSetRequest`), by the leader's
+/// version monitor.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct ClusterVersionSet {
+    /// As etcd stores it: `3.7.0`.
+    #[prost(string, tag = "1")]
+    pub ver: String,
 }
 
 /// The operations a raft entry can carry.
@@ -97,6 +106,8 @@ pub enum Op {
     /// The cluster's downgrade job set (enabled, with its target version) or cancelled.
     #[prost(message, tag = "21")]
     DowngradeInfoSet(DowngradeInfo),
+    #[prost(message, tag = "22")]
+    ClusterVersionSet(ClusterVersionSet),
 }
 
 impl Op {

@@ -32,11 +32,6 @@ pub const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
 /// Leases per checkpoint proposal (etcd's maxLeaseCheckpointBatchSize).
 const CHECKPOINT_BATCH: usize = 1000;
 
-/// The version kvd reports where etcd reports its own: the etcd API level it implements.
-pub const ETCD_API_VERSION: &str = "3.6.0";
-/// The storage version etcd 3.6 reports in Status.
-pub const STORAGE_VERSION: &str = "3.6.0";
-
 /// What the services need to know beyond the raft member and the store.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -429,6 +424,7 @@ pub async fn background(core: std::sync::Weak<Core>) {
         ));
     }
     tokio::spawn(publish_until_done(core.clone()));
+    tokio::spawn(crate::version::monitor(core.clone()));
     let mut leading = false;
     let mut last_checkpoint = Instant::now();
     let mut tick = tokio::time::interval(EXPIRY_INTERVAL);

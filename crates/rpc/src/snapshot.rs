@@ -15,8 +15,6 @@ use sha2::{Digest, Sha256};
 /// etcd's `snapshotSendBufferSize`: bytes per Snapshot response.
 pub const CHUNK: usize = 32 << 10;
 const SHA_LEN: u64 = 32;
-/// etcd's storage version of what kvd writes.
-const STORAGE_VERSION: &str = crate::server::STORAGE_VERSION;
 
 /// What is wrong with a snapshot file.
 #[derive(Debug, thiserror::Error)]
@@ -229,7 +227,8 @@ impl SnapshotFile {
                     }
                 }
                 st.size = db.file_size();
-                st.version = STORAGE_VERSION.into();
+                // What a snapshot of it would say.
+                st.version = db_storage_version(&tx).unwrap_or_default();
             }
             Kind::KvdDump => {
                 return Err(SnapshotError::Unsupported {
@@ -388,13 +387,21 @@ pub(crate) fn conf_state_from_json(json: &[u8]) -> Result<consensus::ConfState, 
     })
 }
 
+/// The storage version of a store file: its cluster version's, but for 3.0 (none).
+fn db_storage_version(tx: &pager::ReadTxn) -> Option<String> {
+    let v = crate::version::Version::parse(&mvcc::cluster::stored_version(tx)?)?;
+    (v != crate::version::Version::MIN_CLUSTER).then(|| v.full())
+}
+
 /// What etcd's data file holds beside the store, for `members`: the member list, the raft
-/// configuration it makes, and the versions kvd reports.
-pub fn etcd_meta(members: &consensus::Members) -> EtcdMeta {
+/// configuration it makes, and the storage version (the store holds the cluster version).
+pub fn etcd_meta(
+    members: &consensus::Members,
+    storage: Option<crate::version::Version>,
+) -> EtcdMeta {
     let mut conf = ConfStateJson::default();
     let mut out = EtcdMeta {
-        storage_version: Some(STORAGE_VERSION.into()),
-        cluster_version: Some(STORAGE_VERSION.into()),
+        storage_version: storage.map(|v| v.full()),
         ..EtcdMeta::default()
     };
     for m in members.iter() {

@@ -281,6 +281,16 @@ impl Proc {
         (m, p)
     }
 
+    /// The same with etcd `version` (`v3.7.1`), in `dir/etcd-<version>`.
+    pub fn single_etcd_of(dir: &Path, version: &str) -> (Addrs, Proc) {
+        let m = Addrs::new("default");
+        let bin = etcd_tools(version).join("etcd");
+        let data = dir.join(format!("etcd-{version}"));
+        let mut p = Proc::start(&bin, &m, &data, std::slice::from_ref(&m), "new", &[]);
+        p.wait_ready();
+        (m, p)
+    }
+
     /// `kvd grpc-proxy start` in front of `endpoints` (etcd's `--endpoints`), listening on a
     /// free port, its log in `dir/<name>.log`; started, not checked ready (its cluster may
     /// be down on purpose).

@@ -49,6 +49,55 @@ fn snapshots_of_etcd_3_4_to_3_7_restore_into_kvd_with_everything_kept() {
     }
 }
 
+/// Waits until `/version` on `client_url` reports cluster version `want` (`3.6.0`).
+fn wait_cluster_version(p: &Proc, want: &str) {
+    let needle = format!(r#""etcdcluster":"{want}""#);
+    p.wait_for(&format!("cluster version {want}"), 30, || {
+        common::http_get(&p.addrs.client, "/version")
+            .1
+            .contains(&needle)
+    });
+}
+
+/// etcd `version` started on `file` restored by its etcdutl: its state once ready, or the
+/// line it died with.
+fn served_by_etcd(version: &str, file: &Path, dir: &Path) -> Result<State, String> {
+    let e = Addrs::new("etcd");
+    let data = dir.join(format!(
+        "etcd-{version}-{}",
+        file.file_stem().unwrap().to_string_lossy()
+    ));
+    ok(
+        etcdutl(version, &restore_args(&e, file, &data)),
+        "etcdutl snapshot restore",
+    );
+    let mut p = etcd(version, &e, &data);
+    p.ctl_flags = vec!["--user".into(), ROOT.into()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(code) = p.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            let log = p.log_tail();
+            let fatal = log.lines().find(|l| l.contains(r#""level":"fatal""#));
+            return Err(format!("exited ({code}): {}", fatal.unwrap_or(&log)));
+        }
+        if ctl(&e.endpoint(), &as_root(&["get", "x"])).status.success() {
+            let st = state(&e.endpoint());
+            // And etcd takes writes on top.
+            root_ok(&e.endpoint(), &["put", "on-etcd", "1"]);
+            return Ok(st);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "etcd {version} neither served nor died"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// kvd's snapshots are etcd's files: restored by etcdutl 3.6 and 3.7 and served by etcd as
+/// etcd's own of the same cluster version are — a 3.7 cluster's by etcd 3.7 only (etcd 3.6
+/// refuses storage version 3.7.0, as it refuses etcd 3.7.1's snapshots), a cluster's
+/// downgraded to 3.6 (`downgrade enable 3.6`) by etcd 3.6 too; cancelled, it is 3.7's again.
 #[test]
 fn kvds_snapshots_restore_with_etcdutl_3_6_and_3_7_and_serve_in_etcd() {
     let dir = tempfile::tempdir().unwrap();
@@ -56,37 +105,40 @@ fn kvds_snapshots_restore_with_etcdutl_3_6_and_3_7_and_serve_in_etcd() {
     let mut p = ready(kvd(&m, &dir.path().join("kvd")), false);
     write_history(&m.endpoint());
     let want = state(&m.endpoint());
-    let file = dir.path().join("kvd.snap");
-    root_ok(&m.endpoint(), &["snapshot", "save", file.to_str().unwrap()]);
+    let save = |name: &str| {
+        let file = dir.path().join(format!("{name}.snap"));
+        root_ok(&m.endpoint(), &["snapshot", "save", file.to_str().unwrap()]);
+        file
+    };
+    wait_cluster_version(&p, "3.7.0");
+    let file = save("kvd37");
+    root_ok(&m.endpoint(), &["downgrade", "enable", "3.6"]);
+    wait_cluster_version(&p, "3.6.0");
+    let file36 = save("kvd36");
+    root_ok(&m.endpoint(), &["downgrade", "cancel"]);
+    wait_cluster_version(&p, "3.7.0");
+    let again37 = save("kvd37-again");
     p.terminate();
-    for version in ["v3.6.5", "v3.7.1"] {
-        same_status(version, &file);
-        let e = Addrs::new("etcd");
-        let data = dir.path().join(format!("etcd-{version}"));
-        ok(
-            etcdutl(version, &restore_args(&e, &file, &data)),
-            "etcdutl snapshot restore",
-        );
-        let served = ready(
-            Proc::start(
-                &etcd_tools(version).join("etcd"),
-                &e,
-                &data,
-                std::slice::from_ref(&e),
-                "new",
-                &[],
-            ),
-            true,
-        );
+    for (version, f) in [("v3.6.5", &file36), ("v3.7.1", &file), ("v3.7.1", &file36)] {
+        same_status(version, f);
+        let got = served_by_etcd(version, f, dir.path());
         assert_eq!(
-            state(&e.endpoint()),
-            want,
-            "kvd's snapshot served by etcd {version}"
+            got.as_ref(),
+            Ok(&want),
+            "kvd's snapshot {f:?} served by etcd {version}"
         );
-        // And etcd takes writes on top.
-        root_ok(&e.endpoint(), &["put", "on-etcd", "1"]);
-        drop(served);
     }
+    for f in [&file, &again37] {
+        let refused = served_by_etcd("v3.6.5", f, dir.path()).unwrap_err();
+        assert!(
+            refused.contains(r#"version \"3.7.0\" is not supported"#),
+            "etcd 3.6.5 on {f:?}: {refused}"
+        );
+    }
+    // As it refuses etcd 3.7.1's own.
+    let (etcd37, _) = etcd_snapshot("v3.7.1", dir.path());
+    let refused = served_by_etcd("v3.6.5", &etcd37, dir.path()).unwrap_err();
+    assert!(refused.contains("is not supported"), "{refused}");
     // kvd reads its own snapshot as well.
     let r = Addrs::new("again");
     let data = dir.path().join("kvd-again");

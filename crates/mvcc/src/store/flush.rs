@@ -1,5 +1,5 @@
 //! Flushing: the pending batch, the applied consensus position, lease, alarm, auth and
-//! downgrade changes, and one step of a compaction under way, in one pager commit.
+//! cluster bucket changes, and one step of a compaction under way, in one pager commit.
 
 use std::sync::{Arc, Weak};
 
@@ -40,13 +40,13 @@ pub fn init_metrics() {
     std::sync::LazyLock::force(&BACKEND_COMMIT);
 }
 
-/// What a flush writes besides revisions: lease, alarm, auth and downgrade changes.
+/// What a flush writes besides revisions: lease, alarm, auth and cluster bucket changes.
 #[derive(Clone, Copy)]
 pub(super) struct Side<'a> {
     pub(super) leases: &'a std::collections::BTreeMap<ids::LeaseId, Option<Vec<u8>>>,
     pub(super) alarms: &'a std::collections::BTreeMap<(ids::MemberId, i32), bool>,
     pub(super) auth: (&'a crate::auth::AuthDirty, &'a crate::auth::AuthData),
-    pub(super) downgrade: Option<&'a api::etcdserverpb::DowngradeInfo>,
+    pub(super) cluster: Option<&'a crate::cluster::ClusterChanges>,
 }
 
 pub(super) fn flush_loop(weak: Weak<Inner>) {
@@ -75,17 +75,14 @@ impl Inner {
     /// One flush: the pending batch, the applied index, and one step of a compaction under way.
     pub(super) fn flush(&self) -> Result<()> {
         let mut job = self.flushing.lock();
-        let (taken, applied, new_compaction, leases, alarms, auth, downgrade) = {
+        let (taken, applied, new_compaction, leases, alarms, auth, cluster) = {
             let mut st = self.state.lock();
             if let Some(f) = &st.failed {
                 return Err(Error::Stopped(f.clone()));
             }
             let leases = std::mem::take(&mut self.lessor.lock().dirty);
             let alarms = std::mem::take(&mut self.alarms.lock().dirty);
-            let downgrade = {
-                let mut d = self.downgrade.lock();
-                std::mem::take(&mut d.dirty).then(|| d.info.clone())
-            };
+            let cluster = self.cluster.lock().take_changes();
             let auth = {
                 let mut a = self.auth.lock();
                 (std::mem::take(&mut a.dirty), a.data.clone())
@@ -97,7 +94,7 @@ impl Inner {
                 && leases.is_empty()
                 && alarms.is_empty()
                 && auth.0.is_empty()
-                && downgrade.is_none()
+                && cluster.is_none()
             {
                 return Ok(());
             }
@@ -112,14 +109,14 @@ impl Inner {
                 leases,
                 alarms,
                 auth,
-                downgrade,
+                cluster,
             )
         };
         let side = Side {
             leases: &leases,
             alarms: &alarms,
             auth: (&auth.0, &auth.1),
-            downgrade: downgrade.as_ref(),
+            cluster: cluster.as_ref(),
         };
         let result = self.write_flush(&taken, applied, new_compaction, side, &mut job);
         match result {
@@ -189,18 +186,26 @@ impl Inner {
             let mut meta = tx.bucket(META_BUCKET)?;
             meta.put(CONSISTENT_INDEX, &(applied.index.0 as i64).to_be_bytes())?;
             meta.put(TERM, &(applied.term as i64).to_be_bytes())?;
-            if side.downgrade.is_some() {
+            if side.cluster.is_some_and(|c| c.downgrade.is_some()) {
                 // Kept in the cluster bucket now (below).
-                meta.delete(crate::downgrade::KEY)?;
+                meta.delete(crate::cluster::DOWNGRADE)?;
             }
             if let Some((t, prev)) = new_compaction {
                 meta.put(SCHEDULED_COMPACT, compact_rev_value(t).as_bytes())?;
                 *job = Some(CompactJob::new(t, prev));
             }
         }
-        if let Some(d) = side.downgrade {
-            tx.bucket(CLUSTER_BUCKET)?
-                .put(crate::downgrade::KEY, &crate::downgrade::encode(d))?;
+        if let Some(c) = side.cluster {
+            let mut bucket = tx.bucket(CLUSTER_BUCKET)?;
+            if let Some(d) = &c.downgrade {
+                bucket.put(
+                    crate::cluster::DOWNGRADE,
+                    &crate::cluster::encode_downgrade(d),
+                )?;
+            }
+            if let Some(v) = &c.version {
+                bucket.put(crate::cluster::VERSION, v.as_bytes())?;
+            }
         }
         let mut finished = None;
         if let Some(j) = job.as_mut() {

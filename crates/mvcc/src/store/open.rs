@@ -81,8 +81,8 @@ pub(crate) struct Inner {
     pub(crate) lessor: Mutex<Lessor>,
     /// Alarms; taken after `state` when both are needed.
     pub(crate) alarms: Mutex<crate::alarm::AlarmSet>,
-    /// The downgrade job; taken after `state` when both are needed.
-    pub(crate) downgrade: Mutex<crate::downgrade::DowngradeState>,
+    /// The cluster version and downgrade job; taken after `state` when both are needed.
+    pub(crate) cluster: Mutex<crate::cluster::ClusterCell>,
     /// Users, roles and whether auth is on; taken after `state` when both are needed.
     pub(crate) auth: Mutex<crate::auth::AuthSet>,
     /// Whether auth is on, readable without the lock.
@@ -186,7 +186,7 @@ impl Store {
             mut lessor,
         } = restore(&db, &path, opts.rebuild_release_bytes)?;
         let raised = crate::alarm::restore(&db, &path)?;
-        let downgrade = crate::downgrade::restore(&db, &path)?;
+        let cluster = crate::cluster::restore(&db, &path)?;
         let auth = crate::auth::restore(&db, &path)?;
         lessor.min_ttl = opts.min_lease_ttl;
         let pending = Arc::new(Pending::default());
@@ -204,9 +204,9 @@ impl Store {
                 raised,
                 ..Default::default()
             }),
-            downgrade: Mutex::new(crate::downgrade::DowngradeState {
-                info: downgrade,
-                dirty: false,
+            cluster: Mutex::new(crate::cluster::ClusterCell {
+                state: cluster,
+                ..Default::default()
             }),
             auth_enabled: std::sync::atomic::AtomicBool::new(auth.enabled),
             auth: Mutex::new(crate::auth::AuthSet {
