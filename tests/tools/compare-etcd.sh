@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvd against etcd v3.6.5 under etcd's own `benchmark` tool, in one run on this machine: in
+# kvd against etcd (v3.6.5; ETCD_VERSION=v3.7.1 for 3.7) under etcd's own `benchmark` tool, in one run on this machine: in
 # the clear (plain), over mutual TLS (tls), and over mutual TLS with auth on and a token
 # (tls-auth). Each workload runs against a fresh etcd and a fresh kvd of MEMBERS members
 # (default 1) on loopback, taking turns, both given the same certificates (made here with
@@ -10,12 +10,17 @@
 # (above 1: kvd is leaner), and last each server's peak resident memory (VmHWM summed over
 # the members, MiB).
 # Usage:  compare-etcd.sh path/to/kvd [workload ...]
-#   workloads: put1 put100 range-l range-s txn-put watch (default: put100 range-l range-s)
+#   workloads: put1 put100 range-l range-s txn-put watch lease-ka (default: put100 range-l
+#   range-s); with etcd 3.7's benchmark also range-ko (a keys-only range of 1 M keys) and
+#   stream-l (RangeStream of the same 1 M keys with their values), both on 1 M keys written
+#   first (not counted)
 #   MODES="plain tls tls-auth" (default: all three); MEMBERS=3 for three-member clusters;
 #   SCALE=0.2 shortens every workload; AGAINST=path/to/other-kvd takes etcd's place (an A/B
-#   of two builds: the columns headed "base" are then that build's).
+#   of two builds: the columns headed "base" are then that build's); SERVER_FLAGS="…" adds
+#   flags to both servers (e.g. --feature-gates=FastLeaseKeepAlive=false).
 # Needs: go (tests/tools/etcd-tools.sh builds etcd, etcdctl and benchmark once), openssl.
 set -euo pipefail
+export KVD_ETCD_VERSION=${ETCD_VERSION:-${KVD_ETCD_VERSION:-v3.6.5}}
 kvd=$(readlink -f "${1:?usage: compare-etcd.sh path/to/kvd [workload ...]}"); shift
 workloads=${*:-put100 range-l range-s}
 modes=${MODES:-plain tls tls-auth}
@@ -65,7 +70,7 @@ start() { # server-binary mode -> starts $members members, waits until they take
     "$exe" --name "m$i" --data-dir "$d/m$i" \
       --listen-client-urls "$client" --advertise-client-urls "$client" \
       --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-      --initial-cluster "$cluster" "${server_tls[@]}" >"$work/server-$i.log" 2>&1 &
+      --initial-cluster "$cluster" "${server_tls[@]}" ${SERVER_FLAGS:-} >"$work/server-$i.log" 2>&1 &
     pids+=($!)
   done
   for _ in $(seq 150); do
@@ -89,6 +94,11 @@ hz=$(getconf CLK_TCK)
 run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
   local B="$bin/benchmark --endpoints $ep $client_tls" out t0 t1 total
   [ "$2" = tls-auth ] && B="$B --user root:rootpw"
+  case $1 in
+    range-ko|stream-l) # 1 M keys of 16 bytes with 64-byte values
+      $B --conns 10 --clients 100 put --key-size 16 --sequential-keys --key-space-size 1000000 \
+        --val-size 64 --total 1000000 >/dev/null 2>&1 ;;
+  esac
   t0=$(ticks)
   case $1 in
     put1)    out=$($B --conns 1 --clients 1 put --key-size 8 --sequential-keys --val-size 256 --total "$(n 3000)" 2>&1) ;;
@@ -100,6 +110,11 @@ run() { # workload mode -> "rps p99ms cpu-us-per-request peak-MiB"
     # 1,000 watchers of one key in 10 streams; every put is 1,000 events.
     watch)   out=$($B --conns 10 --clients 10 watch --watched-key-total 1000 --streams 10 \
                --watch-per-stream 100 --put-total "$(n 20000)" --put-rate 0 2>&1) ;;
+    # 100 clients, a lease each, renewed one keep-alive stream at a time (KeepAliveOnce).
+    lease-ka) out=$($B --conns 10 --clients 100 lease-keepalive --total "$(n 60000)" 2>&1) ;;
+    # Ranges of every key, four at a time (not scaled: each is a million keys).
+    range-ko) out=$($B --conns 4 --clients 4 range "" --prefix --keys-only --total 40 2>&1) ;;
+    stream-l) out=$($B --conns 4 --clients 4 range "" --prefix --stream --total 40 2>&1) ;;
     *) echo "unknown workload $1" >&2; exit 2 ;;
   esac
   t1=$(ticks)
