@@ -348,7 +348,8 @@ pub(crate) struct Shared<O> {
     pub(crate) stepped: Mutex<Vec<Message>>,
     /// Linearizable reads waiting for the next turn to join a round (see
     /// [`RaftNode::read_index`]).
-    pub(crate) reads_queued: Mutex<Vec<oneshot::Sender<Result<u64>>>>,
+    /// Reads for the next round: the reply, and whether it waits for the apply.
+    pub(crate) reads_queued: Mutex<Vec<(oneshot::Sender<Result<u64>>, bool)>>,
     /// When the raft thread must look whether followers wait to be told a commit index (see
     /// `Driver::tell_commit`), besides its ticks.
     pub(crate) commit_due: Mutex<Option<std::time::Instant>>,
@@ -468,7 +469,7 @@ impl<O> Shared<O> {
     pub(crate) fn fail_queued(&self) {
         self.queued.lock().clear();
         self.stepped.lock().clear();
-        for reply in std::mem::take(&mut *self.reads_queued.lock()) {
+        for (reply, _) in std::mem::take(&mut *self.reads_queued.lock()) {
             let _ = reply.send(Err(Error::Stopped));
         }
         self.fail_all(|| Error::Stopped);
@@ -741,13 +742,32 @@ impl<O: Send + 'static> RaftNode<O> {
     /// Reads waiting together share one round of heartbeats; a leader that is the only voter
     /// answers at once when it has applied its commit index.
     pub fn read_index(&self) -> impl Future<Output = Result<RaftIndex>> + Send + 'static {
+        self.read_round(self.shared.sole_read_point(), true)
+    }
+
+    /// Resolves once a quorum has confirmed this member's leader in a round of heartbeats
+    /// begun after the call (at once for a leader that is the only voter), without waiting
+    /// for the apply: etcd's leadership check before a lease renewal.
+    pub fn confirm_leader(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        let sole = self.shared.sole_leader.load(Ordering::SeqCst).then_some(0);
+        let round = self.read_round(sole, false);
+        async move { round.await.map(|_| ()) }
+    }
+
+    /// `point` if some, else the index of the next round of heartbeats, `applied`: once this
+    /// member has applied that far.
+    fn read_round(
+        &self,
+        point: Option<u64>,
+        applied: bool,
+    ) -> impl Future<Output = Result<RaftIndex>> + Send + 'static {
         // Ok: a read point now; Err: the answer to wait for, after a turn of the Ready loop
         // that asks for it (on this thread when the loop is free, as for a sole leader's
         // proposals: the round's messages leave with no hand-off to the raft thread).
-        let point = self.shared.sole_read_point().ok_or_else(|| {
+        let point = point.ok_or_else(|| {
             self.shared.note_asked();
             let (tx, rx) = oneshot::channel();
-            self.shared.reads_queued.lock().push(tx);
+            self.shared.reads_queued.lock().push((tx, applied));
             (self.queued_turn(false), rx)
         });
         async move {

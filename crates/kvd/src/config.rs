@@ -372,47 +372,20 @@ pub struct ServeFlags {
     /// Period of progress notifications to watchers that asked for them.
     #[arg(
         long,
-        alias = "experimental-watch-progress-notify-interval",
         env = "ETCD_WATCH_PROGRESS_NOTIFY_INTERVAL",
         default_value = "10m"
     )]
     pub watch_progress_notify_interval: String,
-    /// Lease checkpoints: the leader records leases' remaining TTLs through consensus, so a
-    /// leader change does not restart them from their full TTL. etcd's flag (off by default
-    /// there); kvd turns it on by default. `--experimental-enable-lease-checkpoint=false`
-    /// turns it off. Deprecated, as in etcd 3.6: `--feature-gates=LeaseCheckpoint=false`.
-    #[arg(
-        long,
-        env = "ETCD_EXPERIMENTAL_ENABLE_LEASE_CHECKPOINT",
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub experimental_enable_lease_checkpoint: Option<bool>,
-    /// Server feature gates, `Name=true|false` pairs by etcd's names: InitialCorruptCheck,
-    /// LeaseCheckpoint (kvd's default: true), LeaseCheckpointPersist and
-    /// TxnModeWriteWithSharedBuffer (no effect), AllAlpha, AllBeta. CompactHashCheck,
-    /// SetMemberLocalAddr and StopGRPCServiceOnDefrag are not supported.
+    /// Server feature gates, `Name=true|false` pairs by etcd's names: FastLeaseKeepAlive
+    /// (default: true), InitialCorruptCheck, LeaseCheckpoint (kvd's default: true),
+    /// PriorityRequest, LeaseCheckpointPersist and TxnModeWriteWithSharedBuffer (no effect),
+    /// AllAlpha, AllBeta. CompactHashCheck, SetMemberLocalAddr and StopGRPCServiceOnDefrag are
+    /// not supported.
     #[arg(long, env = "ETCD_FEATURE_GATES", default_value = "")]
     pub feature_gates: String,
-    /// Before serving, compare this member's data with its peers' and refuse to start if they
-    /// differ. Deprecated, as in etcd 3.6: `--feature-gates=InitialCorruptCheck=true`.
-    #[arg(
-        long,
-        env = "ETCD_EXPERIMENTAL_INITIAL_CORRUPT_CHECK",
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub experimental_initial_corrupt_check: Option<bool>,
     /// Time between the leader's comparisons of the members' data (HashKV at one revision);
     /// a member that differs raises the CORRUPT alarm. 0s: never.
-    #[arg(
-        long,
-        alias = "experimental-corrupt-check-time",
-        env = "ETCD_CORRUPT_CHECK_TIME",
-        default_value = "0s"
-    )]
+    #[arg(long, env = "ETCD_CORRUPT_CHECK_TIME", default_value = "0s")]
     pub corrupt_check_time: String,
     /// Refuse membership changes that could cost the quorum (etcd's, on by default).
     #[arg(
@@ -546,7 +519,6 @@ pub struct ServeFlags {
     /// Skip verification of SAN field in client certificate for peer connections.
     #[arg(
         long,
-        alias = "experimental-peer-skip-client-san-verification",
         env = "ETCD_PEER_SKIP_CLIENT_SAN_VERIFICATION",
         default_value = "false",
         num_args = 0..=1,
@@ -649,8 +621,31 @@ const PROXY_UNSUPPORTED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The `--experimental-*` flags etcd 3.7 removed (3.6 had deprecated them), refused as etcd
+/// 3.7 refuses them, and what replaced each.
+const REMOVED_IN_3_7: &[(&str, &str)] = &[
+    (
+        "experimental-initial-corrupt-check",
+        "--feature-gates=InitialCorruptCheck=true",
+    ),
+    (
+        "experimental-enable-lease-checkpoint",
+        "--feature-gates=LeaseCheckpoint=true",
+    ),
+    ("experimental-corrupt-check-time", "--corrupt-check-time"),
+    (
+        "experimental-watch-progress-notify-interval",
+        "--watch-progress-notify-interval",
+    ),
+    (
+        "experimental-peer-skip-client-san-verification",
+        "--peer-skip-client-san-verification",
+    ),
+];
+
 /// Rewrites Go-style single-dash long flags (`-name x`) to `--name x`, as etcd accepts both,
-/// and refuses etcd flags kvd does not support with the reason.
+/// and refuses etcd flags kvd does not support with the reason, and those etcd 3.7 removed
+/// with what replaced them.
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Result<Vec<String>, String> {
     let args: Vec<String> = args.into_iter().collect();
     let (unsupported, what) = if args.get(1).map(String::as_str) == Some("grpc-proxy") {
@@ -670,6 +665,12 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Result<Vec<Stri
             if let Some((_, why)) = unsupported.iter().find(|(f, _)| *f == name) {
                 return Err(format!("kvd: {what} --{name} is not supported: {why}"));
             }
+            let member = what == "etcd's flag";
+            if let Some((_, new)) = REMOVED_IN_3_7.iter().find(|(f, _)| member && *f == name) {
+                return Err(format!(
+                    "kvd: flag provided but not defined: --{name} (etcd 3.7 removed it; use {new})"
+                ));
+            }
         }
         out.push(a);
     }
@@ -688,6 +689,44 @@ pub fn urls(s: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_etcd_3_7_removed_are_refused_with_their_replacement() {
+        for a in [
+            "--experimental-initial-corrupt-check",
+            "-experimental-corrupt-check-time=5m",
+            "--experimental-watch-progress-notify-interval=1s",
+        ] {
+            let err = normalize_args(["kvd".to_string(), a.to_string()]).unwrap_err();
+            assert!(
+                err.contains("flag provided but not defined") && err.contains("use --"),
+                "{err}"
+            );
+        }
+        let err = normalize_args(
+            ["kvd", "--experimental-enable-lease-checkpoint=false"].map(String::from),
+        )
+        .unwrap_err();
+        assert!(
+            err.ends_with("use --feature-gates=LeaseCheckpoint=true)"),
+            "{err}"
+        );
+        // The proxy keeps its experimental flag, as etcd 3.7's.
+        let proxy = [
+            "kvd",
+            "grpc-proxy",
+            "start",
+            "--experimental-leasing-prefix=l/",
+        ];
+        normalize_args(proxy.map(String::from)).unwrap();
+        // Their replacements parse.
+        Cli::try_parse_from([
+            "kvd",
+            "--corrupt-check-time=5m",
+            "--peer-skip-client-san-verification",
+        ])
+        .unwrap();
+    }
 
     #[test]
     fn go_style_flags() {

@@ -1,7 +1,6 @@
-//! etcd's `--feature-gates` (3.6's and 3.7's): `Name=bool` pairs by etcd's names, with etcd's errors for an
-//! unknown gate or a bad value. A gate kvd implements takes either value; one it does not is
-//! refused when turned on, with the reason; the deprecated `--experimental-*` flag that sets the
-//! same thing may not be given beside its gate (etcd's "cannot specify both flags").
+//! etcd's `--feature-gates` (3.7's): `Name=bool` pairs by etcd's names, with etcd's errors for
+//! an unknown gate or a bad value. A gate kvd implements takes either value; one it does not is
+//! refused when turned on, with the reason.
 
 /// How kvd honours a gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,9 +42,7 @@ const GATES: &[Gate] = &[
         name: "FastLeaseKeepAlive",
         stage: Stage::Beta,
         default: true,
-        support: Support::No(
-            "kvd renews a lease once a quorum confirms its leader and the applied index catches up (etcd's way with the gate off)",
-        ),
+        support: Support::Yes,
     },
     Gate {
         name: "InitialCorruptCheck",
@@ -101,15 +98,9 @@ pub struct Gates {
     /// Let a LeaseRevoke through while the applied index lags the commit index by up to twice
     /// what other requests may (etcd 3.7's PriorityRequest), so expired leases go in time.
     pub priority_request: bool,
-}
-
-/// The deprecated flags a gate replaces, as given (None: not given).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Deprecated {
-    /// `--experimental-initial-corrupt-check`.
-    pub initial_corrupt_check: Option<bool>,
-    /// `--experimental-enable-lease-checkpoint`.
-    pub lease_checkpoint: Option<bool>,
+    /// Renew a lease the leader has without waiting for the applied index (etcd 3.7's
+    /// FastLeaseKeepAlive, on by default).
+    pub fast_lease_keep_alive: bool,
 }
 
 /// Go's `strconv.ParseBool`.
@@ -121,8 +112,8 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// Parses `--feature-gates` (`spec`) with the deprecated flags beside it.
-pub fn parse(spec: &str, old: Deprecated) -> Result<Gates, String> {
+/// Parses `--feature-gates` (`spec`).
+pub fn parse(spec: &str) -> Result<Gates, String> {
     let bad = |why: String| format!("invalid value {spec:?} for flag --feature-gates: {why}");
     let mut set: Vec<(&str, bool)> = Vec::new();
     let (mut all_alpha, mut all_beta) = (None, None);
@@ -169,31 +160,15 @@ pub fn parse(spec: &str, old: Deprecated) -> Result<Gates, String> {
             .find(|g| g.name == name)
             .expect("a listed gate")
     };
-    let both = |gate_name: &str, flag: &str, old: Option<bool>| -> Result<Option<bool>, String> {
-        let given = value(gate(gate_name));
-        match (old, given) {
-            (Some(o), Some(g)) => Err(format!(
-                "cannot specify both flags: --{flag}={o} and --feature-gates={gate_name}={g} at the same time, please just use --feature-gates={gate_name}={g}"
-            )),
-            (o, g) => Ok(g.or(o)),
-        }
-    };
-    let initial = both(
-        "InitialCorruptCheck",
-        "experimental-initial-corrupt-check",
-        old.initial_corrupt_check,
-    )?;
-    let checkpoint = both(
-        "LeaseCheckpoint",
-        "experimental-enable-lease-checkpoint",
-        old.lease_checkpoint,
-    )?;
     Ok(Gates {
-        initial_corrupt_check: initial.unwrap_or(gate("InitialCorruptCheck").default),
+        initial_corrupt_check: value(gate("InitialCorruptCheck"))
+            .unwrap_or(gate("InitialCorruptCheck").default),
         // kvd's own default: checkpoints on (a leader change otherwise restarts every lease
         // from its full TTL).
-        lease_checkpoint: checkpoint.unwrap_or(true),
+        lease_checkpoint: value(gate("LeaseCheckpoint")).unwrap_or(true),
         priority_request: value(gate("PriorityRequest")).unwrap_or(gate("PriorityRequest").default),
+        fast_lease_keep_alive: value(gate("FastLeaseKeepAlive"))
+            .unwrap_or(gate("FastLeaseKeepAlive").default),
     })
 }
 
@@ -202,14 +177,22 @@ mod tests {
     use super::*;
 
     fn gates(spec: &str) -> Result<Gates, String> {
-        parse(spec, Deprecated::default())
+        parse(spec)
     }
 
     #[test]
     fn defaults_and_implemented_gates() {
         let d = gates("").unwrap();
         assert!(!d.initial_corrupt_check && d.lease_checkpoint && !d.priority_request);
+        assert!(d.fast_lease_keep_alive, "on by default, as in etcd 3.7");
         assert!(gates("PriorityRequest=true").unwrap().priority_request);
+        assert!(
+            !gates("FastLeaseKeepAlive=false")
+                .unwrap()
+                .fast_lease_keep_alive
+        );
+        // AllBeta=false turns the beta gates off.
+        assert!(!gates("AllBeta=false").unwrap().fast_lease_keep_alive);
         let g = gates("InitialCorruptCheck=true, LeaseCheckpoint=false").unwrap();
         assert!(g.initial_corrupt_check && !g.lease_checkpoint);
         // The last of a gate given twice wins, as in etcd.
@@ -243,31 +226,9 @@ mod tests {
                 "invalid value of InitialCorruptCheck=maybe, err: strconv.ParseBool: parsing \"maybe\": invalid syntax",
             ),
             ("StopGRPCServiceOnDefrag=true", "kvd serves reads and writes while it defragments"),
-            ("FastLeaseKeepAlive=true", "FastLeaseKeepAlive=true is not supported"),
         ] {
             let err = gates(spec).unwrap_err();
             assert!(err.contains(want), "{spec}: {err}");
         }
-    }
-
-    #[test]
-    fn a_deprecated_flag_beside_its_gate() {
-        let old = Deprecated {
-            initial_corrupt_check: Some(false),
-            lease_checkpoint: Some(false),
-        };
-        let err = parse("InitialCorruptCheck=true", old).unwrap_err();
-        assert_eq!(
-            err,
-            "cannot specify both flags: --experimental-initial-corrupt-check=false and --feature-gates=InitialCorruptCheck=true at the same time, please just use --feature-gates=InitialCorruptCheck=true"
-        );
-        // Alone, the deprecated flags still work.
-        let g = parse("", old).unwrap();
-        assert!(!g.initial_corrupt_check && !g.lease_checkpoint);
-        let on = Deprecated {
-            initial_corrupt_check: Some(true),
-            ..old
-        };
-        assert!(parse("", on).unwrap().initial_corrupt_check);
     }
 }

@@ -382,15 +382,10 @@ pub fn plan(f: &ServeFlags) -> Result<Plan> {
     if every.is_zero() {
         return Err("--lease-checkpoint-interval: must be more than 0".into());
     }
-    let gates = gates::parse(
-        &f.feature_gates,
-        gates::Deprecated {
-            initial_corrupt_check: f.experimental_initial_corrupt_check,
-            lease_checkpoint: f.experimental_enable_lease_checkpoint,
-        },
-    )?;
+    let gates = gates::parse(&f.feature_gates)?;
     server.lease_checkpoint_interval = gates.lease_checkpoint.then_some(every);
     server.priority_request = gates.priority_request;
+    server.fast_lease_keep_alive = gates.fast_lease_keep_alive;
     server.metrics_extensive = f.metrics == "extensive";
     server.corrupt_check_time = rpc::parse_duration(&f.corrupt_check_time)
         .map_err(|e| format!("--corrupt-check-time: {e}"))?;

@@ -281,6 +281,11 @@ impl Store {
         lease_keys(&self.inner.lessor.lock(), id)
     }
 
+    /// Whether lease `id` exists (as applied here).
+    pub fn lease_exists(&self, id: LeaseId) -> bool {
+        self.inner.lessor.lock().leases.contains_key(&id)
+    }
+
     /// LeaseLeases: every lease id.
     pub fn leases(&self) -> LeaseLeasesResponse {
         let rev = self.rev().0;

@@ -109,8 +109,16 @@ impl LeaseService {
             // from a pause may not know yet that another leads, whose clock for this lease
             // ran from its election; renewed here, the lease would expire there before its
             // holder's TTL ran out. etcd checks this only on a member whose ticks stalled;
-            // kvd always does.
-            if self.core.linearize().await.is_err() || !self.core.is_leader() {
+            // kvd always does. With FastLeaseKeepAlive (etcd 3.7), a lease this member has
+            // is renewed without waiting to apply what is committed; one it lacks may be
+            // granted but not applied yet: the renewal waits for the apply to know.
+            let store = self.core.backend.store();
+            let confirmed = if self.core.cfg.fast_lease_keep_alive && store.lease_exists(id) {
+                self.core.confirm_leader().await
+            } else {
+                self.core.linearize().await
+            };
+            if confirmed.is_err() || !self.core.is_leader() {
                 return Err(error::not_primary());
             }
             return match self.core.backend.store().lease_renew(id, Instant::now()) {

@@ -63,6 +63,10 @@ pub struct ServerConfig {
     /// `--feature-gates=PriorityRequest=true`: a LeaseRevoke is proposed while the applied
     /// index lags by up to twice [`MAX_APPLY_GAP`].
     pub priority_request: bool,
+    /// `--feature-gates=FastLeaseKeepAlive` (etcd 3.7's default: on): the leader renews a
+    /// lease it has without waiting to apply what is committed (a lease it lacks may be one
+    /// granted but not yet applied: for that one it waits).
+    pub fast_lease_keep_alive: bool,
     /// `--metrics=extensive`: the gRPC handling-time histograms too.
     pub metrics_extensive: bool,
 }
@@ -91,6 +95,7 @@ impl ServerConfig {
             strict_reconfig_check: true,
             corrupt_check_time: Duration::ZERO,
             priority_request: false,
+            fast_lease_keep_alive: true,
             metrics_extensive: false,
         }
     }
@@ -317,6 +322,14 @@ impl Core {
             .read_index()
             .await
             .map(|_| ())
+            .map_err(|e| error::consensus(&e))
+    }
+
+    /// Resolves once a quorum confirms this member's leader (no wait for the apply).
+    pub async fn confirm_leader(&self) -> Result<(), Status> {
+        self.node
+            .confirm_leader()
+            .await
             .map_err(|e| error::consensus(&e))
     }
 

@@ -23,6 +23,9 @@ use super::open::Driver;
 pub(super) struct ReadWaiter {
     pub(super) reply: oneshot::Sender<Result<u64>>,
     pub(super) deadline: Instant,
+    /// Answered once this member has applied the round's index (a read point); else as soon
+    /// as the round returns (the leadership confirmed).
+    pub(super) applied: bool,
 }
 
 #[derive(Debug)]
@@ -161,8 +164,13 @@ impl<O: Send + 'static> Driver<O> {
             {
                 if let Some(round) = self.reads_inflight.take() {
                     self.answer_remote(rs.index, round.remote);
-                    if !round.waiters.is_empty() {
-                        self.reads_ready.push((rs.index, round.waiters));
+                    let (applied, confirmed): (Vec<_>, Vec<_>) =
+                        round.waiters.into_iter().partition(|w| w.applied);
+                    for w in confirmed {
+                        let _ = w.reply.send(Ok(rs.index));
+                    }
+                    if !applied.is_empty() {
+                        self.reads_ready.push((rs.index, applied));
                     }
                 }
             }

@@ -166,8 +166,8 @@ impl<O: Send + 'static> Driver<O> {
             self.step(m);
         }
         let reads = mem::take(&mut *self.shared.reads_queued.lock());
-        for reply in reads {
-            self.queue_read(reply);
+        for (reply, applied) in reads {
+            self.queue_read(reply, applied);
         }
         self.propose_queued();
         if tick {
@@ -292,14 +292,16 @@ impl<O: Send + 'static> Driver<O> {
         }
     }
 
-    /// A linearizable read joins the next round of heartbeats.
-    pub(super) fn queue_read(&mut self, reply: oneshot::Sender<Result<u64>>) {
+    /// A linearizable read (`applied`: answered once applied to its index) or a leadership
+    /// check joins the next round of heartbeats.
+    pub(super) fn queue_read(&mut self, reply: oneshot::Sender<Result<u64>>, applied: bool) {
         if self.removed {
             let _ = reply.send(Err(Error::Removed));
         } else {
             self.reads_pending.push(ReadWaiter {
                 reply,
                 deadline: deadline(self.cfg.request_timeout),
+                applied,
             });
         }
     }
