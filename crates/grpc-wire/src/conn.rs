@@ -92,6 +92,10 @@ struct Stream {
     remote_closed: bool,
     /// END_STREAM queued.
     local_closed: bool,
+    /// Its response head went out: the call did its work, and a reset from here on is the
+    /// client cancelling an answered call (clientv3's KeepAliveOnce does, every time), not
+    /// a reset that wastes the server's work.
+    answered: bool,
     /// Output waiting for window, in order.
     pending: VecDeque<Out>,
     /// In `Conn::blocked`.

@@ -130,6 +130,36 @@ fn preface_and_window() -> Vec<u8> {
     out
 }
 
+/// clientv3's KeepAliveOnce cancels its stream once answered, every time: resets of streams
+/// whose answer has begun are no waste, however many.
+#[tokio::test]
+async fn cancelling_calls_once_answered_is_not_sent_away() {
+    let (mut c, conn) = common::connect(grpc_wire::Config::default());
+    // A small window: each answer of a MiB stops after its head and first KiB, unfinished.
+    let mut start = common::preface_with(&[(0x4, 1024)]);
+    start.extend_from_slice(&frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    c.write_all(&start).await.unwrap();
+    let msg = common::grpc_message(b"big");
+    let mut id = 1;
+    for _ in 0..1500u32 {
+        let mut out = frame(common::HEADERS, common::END_HEADERS, id, block::BIG);
+        out.extend_from_slice(&frame(common::DATA, common::END_STREAM, id, &msg));
+        c.write_all(&out).await.unwrap();
+        let head = |f: &Frame| f.0 == common::HEADERS && f.2 == id;
+        read_until(&mut c, true, WAIT, head)
+            .await
+            .expect("the answer begins");
+        c.write_all(&frame(common::RST_STREAM, 0, id, &8u32.to_be_bytes()))
+            .await
+            .unwrap();
+        id += 2;
+    }
+    // Still served.
+    calls(&mut c, id, 1).await;
+    drop(c);
+    let _ = tokio::time::timeout(WAIT, conn).await;
+}
+
 #[tokio::test]
 async fn resets_among_many_completed_calls_are_forgiven() {
     let (mut c, conn) = common::connect(grpc_wire::Config::default());

@@ -375,6 +375,7 @@ where
             recv_unacked: 0,
             remote_closed: p.end_stream,
             local_closed: false,
+            answered: false,
             pending: VecDeque::new(),
             blocked: false,
             content_length: fields.content_length(),
@@ -515,7 +516,9 @@ where
         }
         if let Some(s) = self.remove_stream(h.stream) {
             self.forget(&s, Reason(frame::u32_at(payload)));
-            return self.waste(1.0, "too_many_resets");
+            if !s.answered {
+                return self.waste(1.0, "too_many_resets");
+            }
         }
         Ok(())
     }

@@ -280,6 +280,9 @@ where
         fields: impl FnOnce(&mut Encoder, &mut Vec<u8>),
     ) {
         self.live.answered();
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.answered = true;
+        }
         let at = frame::begin(&mut self.out, frame::HEADERS, 0, id);
         self.enc.begin(&mut self.out);
         fields(&mut self.enc, &mut self.out);
