@@ -136,7 +136,7 @@ for mode in $modes; do
     start "$kvd" "$mode";      read -r k_rps k_p99 k_cpu k_mib < <(run "$w" "$mode"); stop
     ratio=$(awk -v k="$k_rps" -v e="$e_rps" 'BEGIN{ if (e>0) printf "%.2f", k/e; else print "n/a"}')
     cratio=$(awk -v k="$k_cpu" -v e="$e_cpu" 'BEGIN{ if (k>0) printf "%.2f", e/k; else print "n/a"}')
-    printf '%-8s %-8s | %9.0f %7s %7s | %9.0f %7s %7s | %9s %9s | %8s %8s\n' "$mode" "$w" "$e_rps" "$e_p99" "$e_cpu" \
+    printf '%-8s %-8s | %9.1f %7s %7s | %9.1f %7s %7s | %9s %9s | %8s %8s\n' "$mode" "$w" "$e_rps" "$e_p99" "$e_cpu" \
       "$k_rps" "$k_p99" "$k_cpu" "$ratio" "$cratio" "$e_mib" "$k_mib"
   done
 done
