@@ -66,10 +66,21 @@ fn snapshot_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 #[test]
-fn a_three_member_etcd_cluster_migrated_member_by_member_serves_as_kvd() {
+fn a_three_member_etcd_3_6_cluster_migrated_member_by_member_serves_as_kvd() {
+    migrated_member_by_member("v3.6.5");
+}
+
+#[test]
+fn a_three_member_etcd_3_7_cluster_migrated_member_by_member_serves_as_kvd() {
+    migrated_member_by_member("v3.7.1");
+}
+
+/// A three-member cluster of etcd `version`, killed, each member migrated: the same members,
+/// keys, history, hashes, leases and auth, and the cluster version brought to kvd's (3.7).
+fn migrated_member_by_member(version: &str) {
     let dir = tempfile::tempdir().unwrap();
     let ms: Vec<Addrs> = (1..=3).map(|i| Addrs::new(&format!("m{i}"))).collect();
-    let etcd_bin = etcd_tools("v3.6.5").join("etcd");
+    let etcd_bin = etcd_tools(version).join("etcd");
     let mut ps: Vec<Proc> = cluster(dir.path(), &ms, &etcd_bin)
         .into_iter()
         .map(|p| ready(p, false))
@@ -142,6 +153,13 @@ fn a_three_member_etcd_cluster_migrated_member_by_member_serves_as_kvd() {
             .contains('1')
         });
         let _ = got;
+        // etcd's cluster version carried over, then raised to kvd's once every member runs
+        // kvd (from 3.6), as etcd's monitor raises it after an upgrade.
+        common::wait_for("cluster version 3.7", 30, || {
+            common::http_get(&m.client, "/version")
+                .1
+                .contains(r#""etcdcluster":"3.7.0","storage":"3.7.0""#)
+        });
     }
 }
 
