@@ -346,9 +346,8 @@ pub(crate) struct Shared<O> {
     /// Messages from peers waiting for the next turn: taken on the thread that received them
     /// when the loop is free (see [`Inbox::step_all`]), else by the raft thread.
     pub(crate) stepped: Mutex<Vec<Message>>,
-    /// Linearizable reads waiting for the next turn to join a round (see
-    /// [`RaftNode::read_index`]).
-    /// Reads for the next round: the reply, and whether it waits for the apply.
+    /// Reads waiting for the next turn to join a round (see [`RaftNode::read_index`] and
+    /// [`RaftNode::confirm_leader`]): the reply, and whether it waits for the apply.
     pub(crate) reads_queued: Mutex<Vec<(oneshot::Sender<Result<u64>>, bool)>>,
     /// When the raft thread must look whether followers wait to be told a commit index (see
     /// `Driver::tell_commit`), besides its ticks.
