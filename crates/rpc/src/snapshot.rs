@@ -387,10 +387,12 @@ pub(crate) fn conf_state_from_json(json: &[u8]) -> Result<consensus::ConfState, 
     })
 }
 
-/// The storage version of a store file: its cluster version's, but for 3.0 (none).
+/// The storage version of a store file ([`Version::storage`] of its cluster version).
+///
+/// [`Version::storage`]: crate::version::Version::storage
 fn db_storage_version(tx: &pager::ReadTxn) -> Option<String> {
     let v = crate::version::Version::parse(&mvcc::cluster::stored_version(tx)?)?;
-    (v != crate::version::Version::MIN_CLUSTER).then(|| v.full())
+    v.storage().map(crate::version::Version::full)
 }
 
 /// What etcd's data file holds beside the store, for `members`: the member list, the raft

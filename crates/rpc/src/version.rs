@@ -72,6 +72,13 @@ impl Version {
         }
     }
 
+    /// The storage version of a cluster at this version (etcd's monitor keeps it at the
+    /// cluster version's major.minor, but for 3.0, which a cluster has before it knows its
+    /// members' versions).
+    pub fn storage(self) -> Option<Version> {
+        (self != Version::MIN_CLUSTER).then_some(self)
+    }
+
     /// etcd's `IsValidClusterVersionChange`: up within the major version, or one minor down.
     pub fn may_change_to(self, to: Version) -> bool {
         to == self.downgrade_target() || (self.major == to.major && self < to)
@@ -117,11 +124,9 @@ impl Core {
         Version::parse(&v)
     }
 
-    /// The storage version (etcd's monitor keeps it at the cluster version's major.minor,
-    /// but for 3.0, which a cluster has before it knows its members' versions).
+    /// The storage version ([`Version::storage`] of the cluster version).
     pub fn storage_version(&self) -> Option<Version> {
-        self.cluster_version()
-            .filter(|&v| v != Version::MIN_CLUSTER)
+        self.cluster_version().and_then(Version::storage)
     }
 
     /// Whether the cluster version, once decided, is below `v` (what a member of that version
